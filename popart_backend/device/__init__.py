@@ -1,0 +1,1 @@
+"""The simulated IPU: hardware facts, device objects, lowering, the execution plan."""

@@ -1,0 +1,122 @@
+"""The compile-once execution plan (DESIGN decision 9).
+
+``prepareDevice()`` turns a scheduled graph into a flat list of steps over numbered slots:
+each step is a pre-bound kernel with the slot numbers of its inputs and outputs, and the slots
+it frees afterwards. ``execute()`` then does no graph walking and no name lookups.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from ..errors import popart_runtime_error
+from ..ir.graph import Graph
+from ..ir.op import Op
+from ..ir.tensor import TensorKind
+
+
+def to_torch(array: np.ndarray) -> torch.Tensor:
+    """Zero-copy when the array is contiguous and writeable; copies otherwise."""
+    if not isinstance(array, np.ndarray):
+        array = np.asarray(array)
+    if not array.flags.c_contiguous or not array.flags.writeable:
+        array = np.ascontiguousarray(array).copy()
+    return torch.from_numpy(array)
+
+
+class ExecutionPlan:
+    """Slots and steps for one graph; ``keep`` names tensors that must survive the execution."""
+
+    def __init__(self, graph: Graph, keep: Iterable[str], order: list[Op] | None = None):
+        self.graph = graph
+        self.order = order if order is not None else graph.topo_order()
+        keep = set(keep)
+        self.slot: dict[str, int] = {}
+        values: list[torch.Tensor | None] = []
+
+        def slot_of(tid: str) -> int:
+            if tid not in self.slot:
+                self.slot[tid] = len(values)
+                values.append(None)
+            return self.slot[tid]
+
+        self.stream_ids = [t for t in graph.inputs if graph.tensors[t].kind is TensorKind.STREAM]
+        self.variable_ids = [t.id for t in graph.tensors.values() if t.kind is TensorKind.VARIABLE]
+        for tid in self.stream_ids + self.variable_ids:
+            slot_of(tid)
+        for tensor in graph.tensors.values():
+            if tensor.kind is TensorKind.CONST and (tensor.consumers or tensor.id in keep):
+                values[slot_of(tensor.id)] = to_torch(tensor.data)
+            if tensor.kind is TensorKind.VARIABLE:
+                values[slot_of(tensor.id)] = to_torch(np.array(tensor.data, copy=True))
+        for tid in keep:
+            slot_of(tid)
+
+        last_use: dict[int, int] = {}
+        raw_steps = []
+        for position, op in enumerate(self.order):
+            ins = tuple(-1 if t is None else slot_of(t.id) for t in op.inputs)
+            outs = tuple(-1 if t is None else slot_of(t.id) for t in op.outputs)
+            for s in ins:
+                if s >= 0:
+                    last_use[s] = position
+            for s in outs:
+                if s >= 0:
+                    last_use.setdefault(s, position)
+            raw_steps.append((op, ins, outs))
+
+        # Only op-produced values are freed; streams, variables, consts and kept ones persist.
+        produced = {
+            self.slot[t.id]
+            for op in self.order
+            for t in op.outputs
+            if t is not None and t.id not in keep
+        }
+        frees: dict[int, list[int]] = {}
+        for s, position in last_use.items():
+            if s in produced:
+                frees.setdefault(position, []).append(s)
+
+        self.steps = []
+        for position, (op, ins, outs) in enumerate(raw_steps):
+            single = len(outs) == 1
+            self.steps.append(
+                (op.kernel, ins, outs[0] if single else outs, single, tuple(frees.get(position, ())), op)
+            )
+        self.values = values
+
+    def set_value(self, tensor_id: str, value: torch.Tensor) -> None:
+        self.values[self.slot[tensor_id]] = value
+
+    def get_value(self, tensor_id: str) -> torch.Tensor | None:
+        return self.values[self.slot[tensor_id]]
+
+    def execute(self) -> None:
+        """Run every step once over the current slot values."""
+        v = self.values
+        with torch.inference_mode(False), torch.no_grad():
+            index = 0
+            try:
+                for index, (fn, ins, out, single, frees, _op) in enumerate(self.steps):
+                    result = fn(*[v[i] if i >= 0 else None for i in ins])
+                    if single:
+                        v[out] = result
+                    else:
+                        for s, r in zip(out, result):
+                            if s >= 0:
+                                v[s] = r
+                    for s in frees:
+                        v[s] = None
+            except popart_runtime_error:
+                raise
+            except Exception as exc:
+                op = self.steps[index][5]
+                shapes = ", ".join(
+                    f"'{t.id}' {t.info}" if t is not None else "<absent>" for t in op.inputs
+                )
+                raise popart_runtime_error(
+                    f"{op.debug_name}: kernel failed on inputs {shapes}: {type(exc).__name__}: {exc}"
+                ) from exc

@@ -1,0 +1,13 @@
+"""The intermediate representation: Ir, Graph, Op, Tensor, TensorInfo, OpSettings."""
+
+from .graph import Graph
+from .ir import Ir
+from .op import NoAttrs, Op, OpSettings, RecomputeType
+from .printer import format_graph, format_op
+from .tensor import Tensor, TensorInfo, TensorKind
+from .verify import verify
+
+__all__ = [
+    "Graph", "Ir", "NoAttrs", "Op", "OpSettings", "RecomputeType", "Tensor", "TensorInfo",
+    "TensorKind", "format_graph", "format_op", "verify",
+]

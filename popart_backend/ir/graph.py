@@ -1,0 +1,175 @@
+"""Graph: tensors and ops with their edges. Only Graph methods edit edges."""
+
+from __future__ import annotations
+
+import difflib
+import heapq
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..errors import ShapeError, popart_exception, popart_internal_exception
+from .op import Op
+from .tensor import Tensor, TensorInfo, TensorKind
+
+
+class Graph:
+    """A set of ops over tensors, with ordered graph inputs and outputs."""
+
+    def __init__(self, graph_id: str = "", ir=None):
+        self.id = graph_id
+        self.ir = ir
+        self.tensors: dict[str, Tensor] = {}
+        self.ops: dict[int, Op] = {}
+        self.inputs: list[str] = []
+        self.outputs: list[str] = []
+        self._next_op_id = 0
+
+    # --- tensors ------------------------------------------------------------------------------
+
+    def add_tensor(
+        self, tensor_id: str, info: TensorInfo, kind: TensorKind, data: np.ndarray | None = None
+    ) -> Tensor:
+        if tensor_id in self.tensors:
+            raise popart_exception(f"Tensor '{tensor_id}' is already in graph '{self.id}'.")
+        if data is not None:
+            data = np.asarray(data)
+            if data.shape != info.shape:
+                raise popart_internal_exception(
+                    f"Tensor '{tensor_id}': data shape {data.shape} != info {info}."
+                )
+        tensor = Tensor(tensor_id, info, kind, self, data)
+        self.tensors[tensor_id] = tensor
+        return tensor
+
+    def add_const(self, tensor_id: str, value: np.ndarray) -> Tensor:
+        value = np.ascontiguousarray(value)
+        return self.add_tensor(tensor_id, TensorInfo.of(value), TensorKind.CONST, value)
+
+    def tensor(self, tensor_id: str) -> Tensor:
+        try:
+            return self.tensors[tensor_id]
+        except KeyError:
+            raise popart_exception(
+                f"No tensor '{tensor_id}' in graph '{self.id or 'main'}'."
+                + _suggest(tensor_id, self.tensors)
+            ) from None
+
+    def unique_id(self, base: str) -> str:
+        if base not in self.tensors:
+            return base
+        n = 1
+        while f"{base}__{n}" in self.tensors:
+            n += 1
+        return f"{base}__{n}"
+
+    def make_const(self, tensor: Tensor, value: np.ndarray) -> None:
+        """Turn a tensor without producer into a compile-time constant holding ``value``."""
+        if tensor.producer is not None:
+            raise popart_internal_exception(
+                f"Cannot make '{tensor.id}' constant: {tensor.producer.debug_name} produces it."
+            )
+        tensor.kind = TensorKind.CONST
+        tensor.data = np.ascontiguousarray(value)
+
+    def remove_tensor(self, tensor: Tensor) -> None:
+        if tensor.producer is not None or tensor.consumers:
+            raise popart_internal_exception(
+                f"Cannot remove tensor '{tensor.id}': it still has a producer or consumers."
+            )
+        del self.tensors[tensor.id]
+
+    # --- ops ----------------------------------------------------------------------------------
+
+    def add_op(self, op: Op, input_ids: Sequence[str], output_ids: Sequence[str]) -> Op:
+        """Connect ``op`` to existing inputs ('' = absent optional input), infer and create outputs.
+
+        ``output_ids`` may contain '' for optional outputs nobody uses.
+        """
+        op.graph = self
+        op.id = self._next_op_id
+        self._next_op_id += 1
+        op.inputs = [self.tensor(t) if t else None for t in input_ids]
+        infos = self._infer(op)
+        if len(output_ids) > len(infos):
+            raise ShapeError(
+                f"{op.debug_name}: {len(output_ids)} outputs requested, the op has {len(infos)}."
+            )
+        op.outputs = []
+        for out_id, info in zip(output_ids, infos):
+            if not out_id:
+                op.outputs.append(None)
+                continue
+            tensor = self.add_tensor(out_id, info, TensorKind.ACT_GRAD)
+            tensor.producer = op
+            op.outputs.append(tensor)
+        for t in op.inputs:
+            if t is not None:
+                t.consumers.append(op)
+        self.ops[op.id] = op
+        return op
+
+    def _infer(self, op: Op) -> list[TensorInfo]:
+        try:
+            result = op.infer(*op.input_infos())
+        except ShapeError:
+            raise
+        except popart_exception:
+            raise
+        except Exception as exc:  # re-raised with the op and its inputs, never swallowed
+            ins = ", ".join(
+                f"'{t.id}' {t.info}" if t is not None else "<absent>" for t in op.inputs
+            )
+            raise ShapeError(f"{op.debug_name}: shape inference failed on inputs {ins}: {exc}") from exc
+        return [result] if isinstance(result, TensorInfo) else list(result)
+
+    def remove_op(self, op: Op) -> None:
+        """Disconnect and delete ``op``; its output tensors stay (producer cleared)."""
+        for t in op.inputs:
+            if t is not None:
+                t.consumers.remove(op)
+        for t in op.outputs:
+            if t is not None:
+                t.producer = None
+        del self.ops[op.id]
+
+    def replace_all_uses(self, old: Tensor, new: Tensor) -> None:
+        """Make every consumer of ``old`` (and the graph outputs) read ``new`` instead."""
+        for op in list(old.consumers):
+            op.inputs = [new if t is old else t for t in op.inputs]
+            new.consumers.append(op)
+        old.consumers = []
+        self.outputs = [new.id if t == old.id else t for t in self.outputs]
+
+    # --- order --------------------------------------------------------------------------------
+
+    def topo_order(self) -> list[Op]:
+        """Ops in a topological order, stable by op id (creation order breaks ties)."""
+        pending = {op.id: sum(1 for t in op.inputs if t is not None and t.producer is not None)
+                   for op in self.ops.values()}
+        ready = [op_id for op_id, n in pending.items() if n == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            op = self.ops[heapq.heappop(ready)]
+            order.append(op)
+            for t in op.outputs:
+                if t is None:
+                    continue
+                # ``consumers`` holds one entry per edge, as ``pending`` counts them.
+                for consumer in t.consumers:
+                    pending[consumer.id] -= 1
+                    if pending[consumer.id] == 0:
+                        heapq.heappush(ready, consumer.id)
+        if len(order) != len(self.ops):
+            stuck = [self.ops[i].debug_name for i, n in pending.items() if n > 0][:5]
+            raise popart_exception(f"Graph '{self.id}' has a cycle through ops {stuck}.")
+        return order
+
+    def ops_of_type(self, op_type: str) -> Iterable[Op]:
+        return (op for op in self.ops.values() if op.op_type == op_type)
+
+
+def _suggest(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=3)
+    return f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""

@@ -1,0 +1,1 @@
+"""IR passes. ``pipeline.py`` lists the order in which a session runs them."""

@@ -1,0 +1,73 @@
+"""Constant folding (PopART's "ces" module): ops whose inputs are all constants become constants.
+
+Exported graphs compute shapes with Shape/Gather/Concat chains; folding them at import lets
+Reshape, Expand, Slice ... see constant operands, and shrinks the graph before scheduling.
+
+Before:  s = Shape(x)   # x f32[2,3] (stream)        After:  r = Reshape(x, s2)
+         s2 = Concat(s, c)                                    # s2 is const i64[3] = [2,3,1]
+         r = Reshape(x, s2)
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from ..errors import popart_exception
+from ..ir.graph import Graph
+from ..ir.op import Op
+
+_log = logging.getLogger("popart:ces")
+
+
+def try_fold(graph: Graph, op: Op) -> bool:
+    """Replace ``op`` by constants if its outputs are known at compile time. True if folded."""
+    values = op.fold_from_infos()
+    if values is None:
+        if not op.foldable or any(t is not None and not t.is_const for t in op.inputs):
+            return False
+        values = evaluate(op)
+    for tensor, value in zip(op.outputs, values):
+        if tensor is not None:
+            value = np.ascontiguousarray(np.asarray(value, dtype=tensor.info.dtype.numpy))
+            if value.shape != tensor.info.shape:
+                raise popart_exception(
+                    f"{op.debug_name}: folded output '{tensor.id}' has shape {list(value.shape)}, "
+                    f"inference said {tensor.info}."
+                )
+    graph.remove_op(op)
+    for tensor, value in zip(op.outputs, values):
+        if tensor is not None:
+            graph.make_const(tensor, np.asarray(value, dtype=tensor.info.dtype.numpy))
+    _log.debug("folded %s", op.debug_name)
+    return True
+
+
+def evaluate(op: Op) -> list[np.ndarray]:
+    """Run ``op``'s kernel on its constant inputs."""
+    args = [None if t is None else to_torch(t.data) for t in op.inputs]
+    with torch.no_grad():
+        result = op.kernel(*args)
+    results = result if isinstance(result, (tuple, list)) else [result]
+    return [r.numpy() if isinstance(r, torch.Tensor) else np.asarray(r) for r in results]
+
+
+def to_torch(array: np.ndarray) -> torch.Tensor:
+    array = np.asarray(array)
+    if not array.flags.writeable or not array.flags.c_contiguous:
+        array = np.array(array, copy=True, order="C")
+    return torch.from_numpy(array)
+
+
+class FoldConstants:
+    """Pass: fold every foldable op, in topological order."""
+
+    name = "fold_constants"
+
+    def run(self, ir) -> bool:
+        changed = False
+        for op in ir.main.topo_order():
+            changed |= try_fold(ir.main, op)
+        return changed
