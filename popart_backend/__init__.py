@@ -1,3 +1,74 @@
-"""PopART's Python API on a simulated IPU: ``import popart_backend as popart``."""
+"""PopART's Python API on a simulated IPU: ``import popart_backend as popart``.
 
+Each module owns a part of the public surface and lists it in its ``__all__``; this file only
+gathers them (F1).
+"""
+
+from . import ops  # noqa: F401  (registers every op)
 from .errors import *  # noqa: F401,F403
+from .errors import make_throw_hooks as _make_throw_hooks
+from .dtypes import DataType  # noqa: F401
+from .logging import *  # noqa: F401,F403
+from .options import *  # noqa: F401,F403
+from .device.spec import *  # noqa: F401,F403
+from .device.manager import *  # noqa: F401,F403
+from .tensorinfo import *  # noqa: F401,F403
+from .dataflow import *  # noqa: F401,F403
+from .builder import *  # noqa: F401,F403
+from .session import *  # noqa: F401,F403
+
+globals().update(_make_throw_hooks())
+
+__version__ = "0.1.0"
+defaultAiOnnxOpset = 10
+defaultAiGraphcoreOpset = 1
+defaultAiOnnxMlOpset = 1
+
+
+def versionString() -> str:  # noqa: N802 - PopART's name
+    return __version__
+
+
+def versionNumber() -> tuple[int, int, int]:  # noqa: N802
+    major, minor, point = (int(p) for p in __version__.split("."))
+    return major, minor, point
+
+
+def packageHash() -> str:  # noqa: N802
+    return "popart_backend-" + __version__
+
+
+def reservedGradientPrefix() -> str:  # noqa: N802
+    return "Gradient___"
+
+
+def reservedUpdatedVarPrefix() -> str:  # noqa: N802
+    return "UpdatedVar___"
+
+
+def reservedAccumPrefix() -> str:  # noqa: N802
+    return "Accum___"
+
+
+def reservedAcclPrefix() -> str:  # noqa: N802
+    return "Accl___"
+
+
+def reservedStashedPrefix() -> str:  # noqa: N802
+    return "Stashed___"
+
+
+def reservedRestoredPrefix() -> str:  # noqa: N802
+    return "Restored___"
+
+
+def reservedStepPrefix() -> str:  # noqa: N802
+    return "Step___"
+
+
+def reservedRandomSeedPrefix() -> str:  # noqa: N802
+    return "randomSeed___"
+
+
+def reservedLossScalingPrefix() -> str:  # noqa: N802
+    return "lossScaling_"
