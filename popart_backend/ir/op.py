@@ -77,6 +77,11 @@ class Op:
         """The Attrs dataclass for ``version`` (ops whose attributes changed override this)."""
         return cls.Attrs
 
+    @classmethod
+    def attr_aliases(cls) -> dict[str, str]:
+        """ONNX attribute names that are not valid Python field names -> Attrs field names."""
+        return {}
+
     # --- the contract of an op ---------------------------------------------------------------
 
     def infer(self, *inputs: "TensorInfo | None") -> "TensorInfo | Sequence[TensorInfo]":

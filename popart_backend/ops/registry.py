@@ -122,6 +122,8 @@ def _similar(op_type: str, domain: str) -> str:
 def make_attrs(cls: type[Op], version: int, values: dict, where: str):
     """Fill the op's Attrs dataclass from ONNX attribute values; unknown names are rejected."""
     attrs_type = cls.attrs_type(version)
+    aliases = cls.attr_aliases()
+    values = {aliases.get(k, k): v for k, v in values.items()}
     fields = {f.name: f for f in dataclasses.fields(attrs_type)}
     unknown = sorted(set(values) - set(fields))
     if unknown:

@@ -1,0 +1,170 @@
+"""Loss ops: ai.graphcore IdentityLoss, L1, Nll and ONNX SoftmaxCrossEntropyLoss /
+NegativeLogLikelihoodLoss. Forward kernels here; gradients come with training (issue #3).
+
+PopART's ``reduction`` attribute is the int of ``popart.ReductionType``: 0 Sum, 1 Mean,
+2 NoReduction. Mean divides by the number of elements (L1, IdentityLoss) or of non-ignored
+labels (Nll), as torch's losses do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ShapeError, popart_exception
+from ..ir.op import Op
+from ..ir.tensor import TensorInfo
+from .registry import AI_GRAPHCORE, register_op
+
+_POPART_REDUCTION = {0: "sum", 1: "mean", 2: "none"}
+
+
+class GraphcoreLoss(Op):
+    """Base of the ai.graphcore losses: shared reduction handling."""
+
+    def reduction(self) -> str:
+        try:
+            return _POPART_REDUCTION[self.attrs.reduction]
+        except KeyError:
+            raise popart_exception(
+                f"{self.debug_name}: reduction {self.attrs.reduction} is not a ReductionType "
+                f"(0 Sum, 1 Mean, 2 NoReduction)."
+            ) from None
+
+    def reduce(self, per_element: torch.Tensor) -> torch.Tensor:
+        mode = self.reduction()
+        if mode == "sum":
+            return per_element.sum()
+        if mode == "mean":
+            return per_element.mean()
+        return per_element
+
+    def reduced_info(self, x: TensorInfo) -> TensorInfo:
+        self.reduction()  # validates the attribute at build time
+        return x if self.reduction() == "none" else x.with_shape(())
+
+
+@register_op("IdentityLoss", versions=1, domain=AI_GRAPHCORE)
+class IdentityLoss(GraphcoreLoss):
+    """loss = reduce(x): the user computed the per-sample loss with ordinary ops."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        reduction: int = 1
+
+    def infer(self, x):
+        return self.reduced_info(x)
+
+    def kernel(self, x):
+        return self.reduce(x)
+
+
+@register_op("L1", versions=1, domain=AI_GRAPHCORE)
+class L1(GraphcoreLoss):
+    """loss = lambda * reduce(|x|)."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        reduction: int = 1
+        # ``lambda`` is a Python keyword: the importer maps the ONNX name onto this field.
+        lambda_: float = 1.0
+
+    @classmethod
+    def attr_aliases(cls) -> dict[str, str]:
+        return {"lambda": "lambda_"}
+
+    def infer(self, x):
+        return self.reduced_info(x)
+
+    def kernel(self, x):
+        return self.reduce(x.abs()) * self.attrs.lambda_
+
+
+@register_op("Nll", versions=1, domain=AI_GRAPHCORE)
+class Nll(GraphcoreLoss):
+    """Negative log-likelihood of ``probs`` [..., C] (class axis last) at integer ``label`` [...]."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        reduction: int = 1
+        ignoreIndex: int | None = None  # noqa: N815 - ONNX attribute name
+        inputIsLogProbability: int = 0  # noqa: N815
+
+    def infer(self, probs, label):
+        if not label.dtype.is_int:
+            raise ShapeError(f"{self.debug_name}: label must be an integer tensor, got {label}.")
+        if probs.shape[:-1] != label.shape:
+            raise ShapeError(
+                f"{self.debug_name}: label shape {list(label.shape)} must equal the probs shape "
+                f"{list(probs.shape)} without its last (class) dimension."
+            )
+        return self.reduced_info(label.with_dtype(probs.dtype))
+
+    def kernel(self, probs, label):
+        logp = probs if self.attrs.inputIsLogProbability else torch.log(probs)
+        classes = logp.shape[-1]
+        ignore = self.attrs.ignoreIndex if self.attrs.ignoreIndex is not None else -100
+        loss = F.nll_loss(
+            logp.reshape(-1, classes), label.reshape(-1).long(), ignore_index=ignore,
+            reduction=self.reduction(),
+        )
+        return loss.reshape(label.shape) if self.reduction() == "none" else loss
+
+
+class OnnxLossBase(Op):
+    """ONNX losses: scores [N, C, d1..], labels [N, d1..], optional class weights [C]."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        reduction: str = "mean"
+        ignore_index: int | None = None
+
+    def check(self, scores, labels, weights):
+        if self.attrs.reduction not in ("mean", "sum", "none"):
+            raise popart_exception(
+                f"{self.debug_name}: reduction '{self.attrs.reduction}' must be mean, sum or none."
+            )
+        if not labels.dtype.is_int:
+            raise ShapeError(f"{self.debug_name}: labels must be integers, got {labels}.")
+        if scores.rank < 2 or (scores.shape[0],) + scores.shape[2:] != labels.shape:
+            raise ShapeError(
+                f"{self.debug_name}: scores {list(scores.shape)} must be [N, C, d1..] with labels "
+                f"[N, d1..], got labels {list(labels.shape)}."
+            )
+        if weights is not None and weights.shape != (scores.shape[1],):
+            raise ShapeError(
+                f"{self.debug_name}: weights {list(weights.shape)} must be [C] = [{scores.shape[1]}]."
+            )
+        loss_shape = labels.shape if self.attrs.reduction == "none" else ()
+        return TensorInfo(scores.dtype, loss_shape)
+
+    def nll(self, logp, labels, weights):
+        ignore = self.attrs.ignore_index if self.attrs.ignore_index is not None else -100
+        return F.nll_loss(
+            logp, labels.long(), weight=weights, ignore_index=ignore, reduction=self.attrs.reduction
+        )
+
+
+@register_op("NegativeLogLikelihoodLoss", versions=(12, 13))
+class NegativeLogLikelihoodLoss(OnnxLossBase):
+    def infer(self, scores, labels, weights=None):
+        return self.check(scores, labels, weights)
+
+    def kernel(self, scores, labels, weights=None):
+        return self.nll(scores, labels, weights)
+
+
+@register_op("SoftmaxCrossEntropyLoss", versions=(12, 13))
+class SoftmaxCrossEntropyLoss(OnnxLossBase):
+    """Outputs the loss and, optionally, the log-probabilities."""
+
+    def infer(self, scores, labels, weights=None):
+        return self.check(scores, labels, weights), scores
+
+    def kernel(self, scores, labels, weights=None):
+        logp = torch.log_softmax(scores, dim=1)
+        return self.nll(logp, labels, weights), logp
+
+
