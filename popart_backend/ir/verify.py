@@ -9,7 +9,8 @@ from .printer import format_op
 
 def verify(graph: Graph) -> None:
     """Raise popart_internal_exception naming the bad op and its neighbours on any broken rule."""
-    order = graph.topo_order()
+    # Edges first, in creation order: a broken edge would also break the topological sort.
+    order = sorted(graph.ops.values(), key=lambda op: op.id)
     position = {op.id: i for i, op in enumerate(order)}
     for op in order:
         for t in op.inputs:
@@ -22,6 +23,9 @@ def verify(graph: Graph) -> None:
         for t in op.outputs:
             if t is not None and t.producer is not op:
                 _fail(graph, order, position[op.id], f"output '{t.id}' names another producer")
+    order = graph.topo_order()
+    position = {op.id: i for i, op in enumerate(order)}
+    for op in order:
         infos = op.infer(*op.input_infos())
         infos = [infos] if not isinstance(infos, (list, tuple)) else list(infos)
         for t, info in zip(op.outputs, infos):
