@@ -23,7 +23,7 @@ def to_torch(array: np.ndarray) -> torch.Tensor:
     if not isinstance(array, np.ndarray):
         array = np.asarray(array)
     if not array.flags.c_contiguous or not array.flags.writeable:
-        array = np.ascontiguousarray(array).copy()
+        array = np.array(array, order="C", copy=True)  # keeps 0-d values 0-d
     return torch.from_numpy(array)
 
 
@@ -96,27 +96,33 @@ class ExecutionPlan:
 
     def execute(self) -> None:
         """Run every step once over the current slot values."""
-        v = self.values
         with torch.inference_mode(False), torch.no_grad():
-            index = 0
-            try:
-                for index, (fn, ins, out, single, frees, _op) in enumerate(self.steps):
-                    result = fn(*[v[i] if i >= 0 else None for i in ins])
-                    if single:
-                        v[out] = result
-                    else:
-                        for s, r in zip(out, result):
-                            if s >= 0:
-                                v[s] = r
-                    for s in frees:
-                        v[s] = None
-            except popart_runtime_error:
-                raise
-            except Exception as exc:
-                op = self.steps[index][5]
-                shapes = ", ".join(
-                    f"'{t.id}' {t.info}" if t is not None else "<absent>" for t in op.inputs
-                )
-                raise popart_runtime_error(
-                    f"{op.debug_name}: kernel failed on inputs {shapes}: {type(exc).__name__}: {exc}"
-                ) from exc
+            self.execute_in_no_grad()
+
+    def execute_in_no_grad(self) -> None:
+        """``execute()`` for callers already inside ``torch.no_grad()`` (and not in inference
+        mode): a run loop enters the context once instead of once per micro-batch, which
+        costs about as much as a small kernel."""
+        v = self.values
+        index = 0
+        try:
+            for index, (fn, ins, out, single, frees, _op) in enumerate(self.steps):
+                result = fn(*[v[i] if i >= 0 else None for i in ins])
+                if single:
+                    v[out] = result
+                else:
+                    for s, r in zip(out, result):
+                        if s >= 0:
+                            v[s] = r
+                for s in frees:
+                    v[s] = None
+        except popart_runtime_error:
+            raise
+        except Exception as exc:
+            op = self.steps[index][5]
+            shapes = ", ".join(
+                f"'{t.id}' {t.info}" if t is not None else "<absent>" for t in op.inputs
+            )
+            raise popart_runtime_error(
+                f"{op.debug_name}: kernel failed on inputs {shapes}: {type(exc).__name__}: {exc}"
+            ) from exc

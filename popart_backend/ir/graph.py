@@ -43,7 +43,7 @@ class Graph:
         return tensor
 
     def add_const(self, tensor_id: str, value: np.ndarray) -> Tensor:
-        value = np.ascontiguousarray(value)
+        value = np.asarray(value, order="C")  # keeps 0-d values 0-d
         return self.add_tensor(tensor_id, TensorInfo.of(value), TensorKind.CONST, value)
 
     def tensor(self, tensor_id: str) -> Tensor:
@@ -70,7 +70,7 @@ class Graph:
                 f"Cannot make '{tensor.id}' constant: {tensor.producer.debug_name} produces it."
             )
         tensor.kind = TensorKind.CONST
-        tensor.data = np.ascontiguousarray(value)
+        tensor.data = np.asarray(value, order="C")  # keeps 0-d values 0-d
 
     def remove_tensor(self, tensor: Tensor) -> None:
         if tensor.producer is not None or tensor.consumers:
@@ -90,6 +90,7 @@ class Graph:
         op.id = self._next_op_id
         self._next_op_id += 1
         op.inputs = [self.tensor(t) if t else None for t in input_ids]
+        op.num_outputs = len(output_ids)
         infos = self._infer(op)
         if len(output_ids) > len(infos):
             raise ShapeError(

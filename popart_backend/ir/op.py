@@ -71,6 +71,11 @@ class Op:
         self.graph = None
         self.inputs: list[Tensor | None] = []
         self.outputs: list[Tensor | None] = []
+        # The forward op whose gradient this op computes (set by autodiff), for stage placement.
+        self.grad_of: Op | None = None
+        # Outputs the node asks for (ids, '' included), set by Graph.add_op before infer():
+        # ops with a variable output count (Split) need it to infer their outputs.
+        self.num_outputs: int | None = None
 
     @classmethod
     def attrs_type(cls, version: int) -> type:

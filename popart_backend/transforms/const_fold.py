@@ -31,7 +31,8 @@ def try_fold(graph: Graph, op: Op) -> bool:
         values = evaluate(op)
     for tensor, value in zip(op.outputs, values):
         if tensor is not None:
-            value = np.ascontiguousarray(np.asarray(value, dtype=tensor.info.dtype.numpy))
+            # order='C', not ascontiguousarray, which turns 0-d values into shape [1].
+            value = np.asarray(value, dtype=tensor.info.dtype.numpy, order="C")
             if value.shape != tensor.info.shape:
                 raise popart_exception(
                     f"{op.debug_name}: folded output '{tensor.id}' has shape {list(value.shape)}, "

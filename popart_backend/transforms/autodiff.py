@@ -1,0 +1,249 @@
+"""Autodiff as an IR transform (DESIGN decision 4): grow the backward graph from the loss.
+
+Each op writes its own gradient in ``grad(self, g)`` using the ``GradBuilder`` handed to it,
+which creates ordinary IR ops. Gradients of every trainable variable end in tensors named
+``Gradient___<variable id>``, so they can be anchored like any tensor (F35).
+
+Before:  y = MatMul(x, w)           After:   y = MatMul(x, w)
+         loss = IdentityLoss(y)              loss = IdentityLoss(y)
+                                             Gradient___loss = <seed 1.0 * lossScaling>
+                                             Gradient___y = IdentityLossGrad(Gradient___loss, y)
+                                             Gradient___w = MatMul(Transpose(x), Gradient___y)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import popart_exception
+from ..ir.graph import Graph
+from ..ir.ir import Ir
+from ..ir.op import Op
+from ..ir.tensor import Tensor, TensorKind
+from ..ops.registry import AI_ONNX, make_attrs, registered_versions, normalize_domain, _REGISTRY
+
+GRADIENT_PREFIX = "Gradient___"
+_log = logging.getLogger("popart:transform")
+
+
+def has_grad(op: Op) -> bool:
+    return type(op).grad is not Op.grad
+
+
+class GradBuilder:
+    """What an op's ``grad()`` sees: its forward tensors, output gradients, and op creation."""
+
+    def __init__(self, autodiff: "Autodiff", op: Op, output_grads: list[str | None]):
+        self._autodiff = autodiff
+        self._op = op
+        self._output_grads = output_grads
+        self.input_grads: dict[int, str] = {}
+
+    # forward side
+    def input(self, index: int) -> str:
+        tensor = self._op.inputs[index]
+        if tensor is None:
+            raise popart_exception(f"{self._op.debug_name}: grad() read absent input {index}.")
+        return tensor.id
+
+    def output(self, index: int) -> str:
+        return self._op.outputs[index].id
+
+    def input_info(self, index: int):
+        return self._op.inputs[index].info
+
+    def output_info(self, index: int):
+        return self._op.outputs[index].info
+
+    def has_input(self, index: int) -> bool:
+        return index < len(self._op.inputs) and self._op.inputs[index] is not None
+
+    def needs_input_grad(self, index: int) -> bool:
+        tensor = self._op.inputs[index] if index < len(self._op.inputs) else None
+        return tensor is not None and tensor.id in self._autodiff.requires_grad
+
+    # gradient side
+    def output_grad(self, index: int) -> str:
+        """Gradient of forward output ``index``; zeros when nothing downstream reaches the loss."""
+        grad = self._output_grads[index] if index < len(self._output_grads) else None
+        if grad is None:
+            info = self._op.outputs[index].info
+            grad = self.const(np.zeros(info.shape, info.dtype.numpy), "zeros")
+        return grad
+
+    def set_input_grad(self, index: int, grad_id: str) -> None:
+        if not self.needs_input_grad(index):
+            return
+        want = self._op.inputs[index].info
+        got = self._autodiff.graph.tensor(grad_id).info
+        if got != want:
+            raise popart_exception(
+                f"{self._op.debug_name}: gradient of input {index} '{self.input(index)}' is {got}, "
+                f"the input is {want} (a bug in this op's grad())."
+            )
+        self.input_grads[index] = grad_id
+
+    # op creation
+    def op(self, op_type: str, *inputs: str | None, domain: str = AI_ONNX, num_outputs: int = 1,
+           version: int | None = None, **attrs) -> str | list[str]:
+        """Add an op (latest registered version unless given) reading ``inputs``."""
+        return self._autodiff.add_op(self._op, op_type, list(inputs), domain, num_outputs,
+                                     version, attrs)
+
+    def const(self, value: np.ndarray, name: str = "const") -> str:
+        graph = self._autodiff.graph
+        tid = graph.unique_id(f"{GRADIENT_PREFIX}{self._op.settings.name or self._op.id}/{name}")
+        graph.add_const(tid, np.asarray(value))
+        return tid
+
+    def reduce_to_shape(self, grad_id: str, shape: Sequence[int]) -> str:
+        """Sum ``grad_id`` over the axes broadcasting added, so it has ``shape``."""
+        graph = self._autodiff.graph
+        grad_shape = graph.tensor(grad_id).info.shape
+        shape = tuple(shape)
+        if grad_shape == shape:
+            return grad_id
+        lead = len(grad_shape) - len(shape)
+        axes = list(range(lead)) + [
+            lead + i for i, d in enumerate(shape) if d == 1 and grad_shape[lead + i] != 1
+        ]
+        summed = grad_id
+        if axes:
+            summed = self.op("ReduceSum", grad_id, self.const(np.array(axes, np.int64), "axes"),
+                             keepdims=1)
+        return self.op("Reshape", summed, self.const(np.array(shape, np.int64), "shape"))
+
+
+class Autodiff:
+    """Pass: add gradient ops for every trainable variable on a path to ``loss_id``."""
+
+    name = "autodiff"
+
+    def __init__(self, loss_id: str, loss_scaling: float = 1.0):
+        self.loss_id = loss_id
+        self.loss_scaling = loss_scaling
+        self.graph: Graph | None = None
+        self.requires_grad: set[str] = set()
+        self.variable_grads: dict[str, str] = {}
+
+    def run(self, ir: Ir) -> bool:
+        graph = self.graph = ir.main
+        loss = graph.tensor(self.loss_id)
+        if loss.info.nelms != 1 or not loss.info.dtype.is_float:
+            raise popart_exception(
+                f"The loss '{loss.id}' must be a floating-point scalar to start the backward pass, "
+                f"but it is {loss.info}. Reduce it with reduction=Mean or Sum."
+            )
+        order = graph.topo_order()
+        self.requires_grad = self._forward_requires_grad(graph, order)
+        reaches_loss = self._backward_reaches(loss)
+        grads: dict[str, list[str]] = {}
+        seed = np.full(loss.info.shape, self.loss_scaling, loss.info.dtype.numpy)
+        seed_id = graph.unique_id(GRADIENT_PREFIX + loss.id)
+        graph.add_const(seed_id, seed)
+        grads[loss.id] = [seed_id]
+
+        for op in reversed(order):
+            if op.id not in reaches_loss:
+                continue
+            if not any(t is not None and t.id in self.requires_grad for t in op.inputs):
+                continue
+            out_grads = [
+                self._total(grads, t) if t is not None and t.id in grads else None
+                for t in op.outputs
+            ]
+            if all(g is None for g in out_grads):
+                continue
+            if not has_grad(op):
+                wanted = [t.id for t in op.inputs if t is not None and t.id in self.requires_grad]
+                raise popart_exception(
+                    f"{op.debug_name} has no gradient, but the backward pass from loss "
+                    f"'{self.loss_id}' needs one for its input(s) {wanted}. Detach the path "
+                    f"(aiGraphcore.detach) or use an op with a gradient."
+                )
+            builder = GradBuilder(self, op, out_grads)
+            op.grad(builder)
+            for index, grad_id in builder.input_grads.items():
+                grads.setdefault(op.inputs[index].id, []).append(grad_id)
+
+        changed = False
+        for tensor in list(graph.tensors.values()):
+            if tensor.kind is TensorKind.VARIABLE and tensor.id in grads:
+                self.variable_grads[tensor.id] = self._named_total(grads, tensor)
+                changed = True
+        _log.debug("autodiff: gradients for %d variables", len(self.variable_grads))
+        return changed
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _forward_requires_grad(self, graph: Graph, order: list[Op]) -> set[str]:
+        need = {
+            t.id
+            for t in graph.tensors.values()
+            if t.kind is TensorKind.VARIABLE and t.info.dtype.is_float
+        }
+        for op in order:
+            if any(t is not None and t.id in need for t in op.inputs):
+                need.update(t.id for t in op.outputs if t is not None and t.info.dtype.is_float)
+        return need
+
+    @staticmethod
+    def _backward_reaches(loss: Tensor) -> set[int]:
+        seen: set[int] = set()
+        stack = [loss]
+        while stack:
+            tensor = stack.pop()
+            op = tensor.producer
+            if op is None or op.id in seen:
+                continue
+            seen.add(op.id)
+            stack.extend(t for t in op.inputs if t is not None)
+        return seen
+
+    def _total(self, grads: dict[str, list[str]], tensor: Tensor) -> str:
+        parts = grads[tensor.id]
+        if len(parts) > 1:
+            out = self.graph.unique_id(GRADIENT_PREFIX + tensor.id)
+            self._add(tensor.producer, "Sum", parts, AI_ONNX, [out], None, {})
+            grads[tensor.id] = [out]
+        return grads[tensor.id][0]
+
+    def _named_total(self, grads, tensor: Tensor) -> str:
+        """The variable's gradient under its reserved name ``Gradient___<id>``."""
+        name = GRADIENT_PREFIX + tensor.id
+        parts = grads[tensor.id]
+        if len(parts) == 1 and parts[0] == name:
+            return name
+        if name in self.graph.tensors:
+            name = self.graph.unique_id(name)
+        op_type = "Sum" if len(parts) > 1 else "Identity"
+        self._add(None, op_type, parts, AI_ONNX, [name], None, {})
+        return name
+
+    def add_op(self, forward: Op, op_type, inputs, domain, num_outputs, version, attrs):
+        base = f"{GRADIENT_PREFIX}{forward.settings.name or forward.id}/{op_type}"
+        outs = [self.graph.unique_id(f"{base}:{i}") for i in range(num_outputs)]
+        self._add(forward, op_type, inputs, domain, outs, version, attrs)
+        return outs[0] if num_outputs == 1 else outs
+
+    def _add(self, forward: Op | None, op_type, inputs, domain, outs, version, attrs) -> Op:
+        domain = normalize_domain(domain)
+        versions = registered_versions(op_type, domain)
+        if not versions:
+            raise popart_exception(f"Gradient op {domain}::{op_type} is not registered.")
+        version = version or versions[-1]
+        cls = _REGISTRY[(domain, op_type)][version]
+        where = f"gradient of {forward.debug_name if forward else 'variables'}"
+        settings = (
+            dataclasses.replace(forward.settings, name=f"{GRADIENT_PREFIX}{forward.settings.name}")
+            if forward is not None
+            else None
+        )
+        op = cls(make_attrs(cls, version, attrs, where), settings, version)
+        op.grad_of = forward
+        self.graph.add_op(op, [i or "" for i in inputs], outs)
+        return op
