@@ -17,12 +17,14 @@ from onnx import numpy_helper
 
 from . import ops  # noqa: F401  (registers every op)
 from .dtypes import DataType
-from .errors import ModelError, ShapeError, popart_exception
+from .errors import ModelError, ShapeError, UnsupportedOpError, popart_exception
 from .ir.ir import Ir
 from .ir.op import OpSettings, RecomputeType
 from .ir.tensor import TensorInfo, TensorKind
+from .ops.fused import FUSED_DOMAIN
 from .ops.registry import AI_ONNX, make_attrs, normalize_domain, resolve
 from .transforms.const_fold import try_fold
+from .onnx_sequences import StaticSequences
 
 _log = logging.getLogger("popart:ir")
 
@@ -189,10 +191,25 @@ def import_model(
         graph.add_tensor(value_info.name, tensor_info_of(value_info, shape_info), TensorKind.STREAM)
         graph.inputs.append(value_info.name)
 
+    sequences = StaticSequences(graph)
     for node in _nodes_in_order(proto.graph):
+        if sequences.handles(node):
+            values = {a.name: attribute_value(a) for a in node.attribute}
+            sequences.add(node, values, node_settings(node, {}))
+            continue
+        for name in node.input:
+            if sequences.is_sequence(name):
+                raise UnsupportedOpError(
+                    f"{node.op_type} '{node.name}' reads the sequence '{name}'; only the ONNX "
+                    f"sequence ops may consume sequences on the simulated IPU."
+                )
         add_node(ir, node, strict_op_versions)
 
     for out in proto.graph.output:
+        if sequences.is_sequence(out.name):
+            raise UnsupportedOpError(
+                f"Graph output '{out.name}' is a sequence; outputs must be tensors."
+            )
         graph.tensor(out.name)  # raises naming the missing output
         graph.outputs.append(out.name)
     _log.debug("imported %d ops, %d tensors", len(graph.ops), len(graph.tensors))
@@ -202,6 +219,11 @@ def import_model(
 def add_node(ir: Ir, node: onnx.NodeProto, strict: bool = True):
     """Resolve, create and connect the op of one NodeProto, folding it when constant."""
     domain = normalize_domain(node.domain)
+    if domain == FUSED_DOMAIN:
+        raise ModelError(
+            f"Node '{node.name or node.op_type}' uses the internal domain '{FUSED_DOMAIN}', which "
+            f"only the compile-time fusion passes may create. Use the ONNX ops it fuses instead."
+        )
     opset = ir.opsets.get(domain)
     if opset is None:
         raise ModelError(

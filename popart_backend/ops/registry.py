@@ -157,3 +157,22 @@ def _convert(value, hint):
     if hint is int and isinstance(value, (bool, np.bool_)):
         return int(value)
     return value
+
+
+def create_op(op_type: str, attrs: dict | None = None, settings=None, version: int | None = None,
+              domain: str = AI_ONNX, where: str = "") -> Op:
+    """An op instance of a registered type (latest registered version unless given).
+
+    For passes and import rewrites that build ops directly rather than from a NodeProto.
+    """
+    domain = normalize_domain(domain)
+    table = _REGISTRY.get((domain, op_type))
+    if not table:
+        raise UnsupportedOpError(f"{where or 'create_op'}: op {domain}::{op_type} is not registered.")
+    version = version if version is not None else max(table)
+    if version not in table:
+        raise UnsupportedOpError(
+            f"{where or 'create_op'}: {op_type}-{version} is not registered ({sorted(table)})."
+        )
+    cls = table[version]
+    return cls(make_attrs(cls, version, dict(attrs or {}), where or op_type), settings, version)
