@@ -1,3 +1,163 @@
-"""Placeholder: filled by the foundation issue (#2)."""
+"""Hardware facts of each simulated IPU version (spec Appendix A, F113).
 
-__all__: list[str] = []
+``IpuSpec`` is the only place these numbers live; the memory and cost models read them from the
+``DeviceInfo.spec`` of the session's device. Values marked "unsure" are the spec's best public
+figures, not measurements; "estimate" values are our own derivations, explained where they stand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..errors import popart_exception
+
+__all__ = ["IpuSpec"]
+
+KIB = 1024
+GB = 10**9
+
+# The IPU architectures a device can be created for ("cpu" below is the CPU target, not an IPU).
+IPU_VERSIONS = ("ipu1", "ipu2", "ipu21")
+
+
+@dataclass(frozen=True)
+class IpuSpec:
+    """One IPU of a given version. Per-IPU rates scale with ``num_tiles`` (see ``for_version``)."""
+
+    name: str  # "ipu1", "ipu2", "ipu21" or "cpu"
+    num_tiles: int
+    tile_bytes: int  # SRAM per tile
+    clock_hz: float
+    threads_per_tile: int  # hardware worker contexts per tile (DeviceInfo.numWorkerContexts)
+    peak_flops_f32: float  # FLOP/s of the whole IPU (all num_tiles tiles)
+    peak_flops_f16: float  # FLOP/s with f16 inputs (AMP), whole IPU
+    exchange_bytes_per_s: float  # on-chip all-to-all exchange, whole IPU
+    ipu_link_bytes_per_s: float  # all IPU-Links of one chip together
+    host_link_bytes_per_s: float  # host <-> IPU, per direction
+    sync_latency_cycles: int  # one sync among the tiles of one IPU
+    ipu_sync_latency_cycles: int  # one sync across IPUs (IPU-Link barrier)
+    streaming_memory_bytes: int  # off-chip streaming memory available to one IPU
+    full_chip_tiles: int  # tile count of the physical chip, before any tilesPerIPU override
+
+    @property
+    def memory_bytes(self) -> int:
+        """SRAM of the whole IPU (tiles x bytes per tile)."""
+        return self.num_tiles * self.tile_bytes
+
+    def peak_flops(self, dtype_short: str) -> float:
+        """Peak FLOP/s for ``"f32"`` or ``"f16"`` arithmetic (other dtypes run at the f32 rate)."""
+        return self.peak_flops_f16 if dtype_short == "f16" else self.peak_flops_f32
+
+    @classmethod
+    def versions(cls) -> tuple[str, ...]:
+        return tuple(_SPECS)
+
+    @classmethod
+    def for_version(cls, name: str, tiles_per_ipu: int | None = None) -> IpuSpec:
+        """The spec of IPU version ``name``, optionally with ``tiles_per_ipu`` tiles.
+
+        Fewer tiles keep the per-tile facts (bytes, clock, per-tile FLOP/s and exchange) and
+        scale the whole-IPU rates, as a Poplar IPUModel with few tiles does. Raises
+        popart_exception for an unknown version or a tile count outside 1..full chip.
+        """
+        if name not in _SPECS:
+            raise popart_exception(
+                f"Unknown IPU version '{name}'. Known versions: {', '.join(_SPECS)}."
+            )
+        full = _SPECS[name]
+        if tiles_per_ipu is None or tiles_per_ipu == full.num_tiles:
+            return full
+        if not 1 <= tiles_per_ipu <= full.full_chip_tiles:
+            raise popart_exception(
+                f"tilesPerIPU={tiles_per_ipu} is out of range for {name}: a {name} has "
+                f"{full.full_chip_tiles} tiles, so use 1..{full.full_chip_tiles}."
+            )
+        share = tiles_per_ipu / full.num_tiles
+        return dataclasses.replace(
+            full,
+            num_tiles=tiles_per_ipu,
+            peak_flops_f32=full.peak_flops_f32 * share,
+            peak_flops_f16=full.peak_flops_f16 * share,
+            exchange_bytes_per_s=full.exchange_bytes_per_s * share,
+        )
+
+
+# Sync latency: the spec gives no figure. A tile-level barrier on one chip is modelled as 150
+# cycles and an IPU-Link barrier as 1500 cycles (estimates of the order reported for the IPU's
+# BSP syncs); both are only used for timing estimates.
+_ON_CHIP_SYNC_CYCLES = 150
+_IPU_SYNC_CYCLES = 1500
+
+_SPECS: dict[str, IpuSpec] = {
+    # Mk1, Colossus GC2.
+    "ipu1": IpuSpec(
+        name="ipu1",
+        num_tiles=1216,
+        tile_bytes=256 * KIB,
+        clock_hz=1.6e9,  # unsure: from the C2 card figures
+        threads_per_tile=6,
+        peak_flops_f32=31.1e12,
+        peak_flops_f16=124.5e12,
+        # unsure: no published figure; estimate 4 bytes per tile per cycle, as on Mk2
+        exchange_bytes_per_s=1216 * 4 * 1.6e9,
+        ipu_link_bytes_per_s=2.5e12 / 8,  # unsure: C2 card-to-card 2.5 Tbps
+        host_link_bytes_per_s=32 * GB,  # unsure: PCIe Gen4 x16 per direction
+        sync_latency_cycles=_ON_CHIP_SYNC_CYCLES,
+        ipu_sync_latency_cycles=_IPU_SYNC_CYCLES,
+        streaming_memory_bytes=64 * 2**30,  # unsure: remote buffers lived in host memory
+        full_chip_tiles=1216,
+    ),
+    # Mk2, Colossus GC200 (IPU-M2000).
+    "ipu2": IpuSpec(
+        name="ipu2",
+        num_tiles=1472,
+        tile_bytes=624 * KIB,
+        clock_hz=1.33e9,  # unsure
+        threads_per_tile=6,
+        peak_flops_f32=62.5e12,  # unsure
+        peak_flops_f16=250e12,
+        exchange_bytes_per_s=8e12,
+        ipu_link_bytes_per_s=320 * GB,  # 10 links x 32 GB/s
+        host_link_bytes_per_s=32 * GB,  # PCIe Gen4 x16: 64 GB/s bidirectional
+        sync_latency_cycles=_ON_CHIP_SYNC_CYCLES,
+        ipu_sync_latency_cycles=_IPU_SYNC_CYCLES,
+        streaming_memory_bytes=448 * GB // 4,  # unsure: up to 448 GB per 4-IPU M2000
+        full_chip_tiles=1472,
+    ),
+    # Bow IPU (Bow-2000): the GC200 die at a higher clock; per-IPU rates scale with the clock.
+    "ipu21": IpuSpec(
+        name="ipu21",
+        num_tiles=1472,
+        tile_bytes=624 * KIB,
+        clock_hz=1.85e9,
+        threads_per_tile=6,
+        peak_flops_f32=62.5e12 * 1.85 / 1.33,  # unsure: Mk2 figure scaled by the clock
+        peak_flops_f16=250e12 * 1.85 / 1.33,  # unsure: Mk2 figure scaled by the clock
+        exchange_bytes_per_s=8e12 * 1.85 / 1.33,  # unsure: Mk2 figure scaled by the clock
+        ipu_link_bytes_per_s=320 * GB,
+        host_link_bytes_per_s=32 * GB,
+        sync_latency_cycles=_ON_CHIP_SYNC_CYCLES,
+        ipu_sync_latency_cycles=_IPU_SYNC_CYCLES,
+        streaming_memory_bytes=256 * GB // 4,  # Bow-2000: 256 GB per 4 IPUs
+        full_chip_tiles=1472,
+    ),
+    # Poplar's CPU target: one tile and no memory limit. Rates are the ipu2's so that cycle
+    # estimates read as "on one ipu2"; the huge tile means the memory check never fails.
+    "cpu": IpuSpec(
+        name="cpu",
+        num_tiles=1,
+        tile_bytes=2**40,
+        clock_hz=1.33e9,
+        threads_per_tile=1,
+        peak_flops_f32=62.5e12,
+        peak_flops_f16=250e12,
+        exchange_bytes_per_s=8e12,
+        ipu_link_bytes_per_s=320 * GB,
+        host_link_bytes_per_s=32 * GB,
+        sync_latency_cycles=_ON_CHIP_SYNC_CYCLES,
+        ipu_sync_latency_cycles=_IPU_SYNC_CYCLES,
+        streaming_memory_bytes=0,
+        full_chip_tiles=1,
+    ),
+}
