@@ -1,0 +1,477 @@
+"""Indexing ops: Gather, GatherElements, GatherND, Scatter, ScatterElements, ScatterND, OneHot,
+TopK, CumSum, NonZero and Compress, at every ONNX since-version up to opset 21.
+
+Index tensors may hold negative values (counted from the end of the indexed axis); kernels map
+them into range with one ``torch.where`` and let torch's bounds checks (or an explicit one when
+indices are linearised) reject the rest. NonZero and Compress have data-dependent output shapes,
+which the simulated IPU cannot hold: they are supported only when folded at compile time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..dtypes import DataType
+from ..errors import ModelError, ShapeError, UnsupportedOpError, popart_runtime_error
+from ..ir.op import Op
+from ..ir.tensor import TensorInfo
+from .base import normalize_axis
+from .registry import register_op
+
+_INDEX_DTYPES = (DataType.INT32, DataType.INT64)
+
+# ONNX reduction name -> torch scatter_reduce name, and the opset that introduced it.
+_REDUCTIONS = {"add": ("sum", 16), "mul": ("prod", 16), "max": ("amax", 18), "min": ("amin", 18)}
+
+
+def _check_index_dtype(op: Op, info: TensorInfo, what: str = "indices") -> None:
+    if info.dtype not in _INDEX_DTYPES:
+        raise ShapeError(
+            f"{op.debug_name}: {what} must be int32 or int64, got {info}. Cast them first."
+        )
+
+
+def _check_reduction(op: Op, reduction: str) -> str | None:
+    """torch's name for ``reduction`` (None for 'none'); rejects names this version lacks."""
+    if reduction == "none":
+        return None
+    known = _REDUCTIONS.get(reduction)
+    if known is None or known[1] > op.version:
+        allowed = ["none"] + [k for k, (_, v) in _REDUCTIONS.items() if v <= op.version]
+        raise ModelError(
+            f"{op.debug_name}: reduction '{reduction}' is not defined for "
+            f"{op.op_type}-{op.version}; it accepts {allowed}."
+        )
+    return known[0]
+
+
+def _wrap_negative(index: torch.Tensor, size) -> torch.Tensor:
+    """Negative indices count from the end (ONNX); int64 because torch's scatter/gather need it."""
+    index = index.long()
+    return torch.where(index < 0, index + size, index)
+
+
+# --- Gather family ----------------------------------------------------------------------------
+
+
+@register_op("Gather", versions=(1, 11, 13))
+class Gather(Op):
+    """out = data.take(indices, axis): indices of any rank replace the axis."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        axis: int = 0
+
+    def infer(self, data, indices):
+        _check_index_dtype(self, indices)
+        self.axis = normalize_axis(self, self.attrs.axis, data.rank)
+        self.size = data.shape[self.axis]
+        self.out_shape = data.shape[: self.axis] + indices.shape + data.shape[self.axis + 1 :]
+        return data.with_shape(self.out_shape)
+
+    def kernel(self, data, indices):
+        index = torch.where(indices < 0, indices + self.size, indices).reshape(-1)
+        # index_select rejects out-of-range indices; the plan re-raises naming this op.
+        return torch.index_select(data, self.axis, index).reshape(self.out_shape)
+
+
+@register_op("GatherElements", versions=(11, 13))
+class GatherElements(Op):
+    """out[i][j][k] = data[index[i][j][k]][j][k] (for axis 0): torch.gather."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        axis: int = 0
+
+    def infer(self, data, indices):
+        _check_index_dtype(self, indices)
+        if indices.rank != data.rank:
+            raise ShapeError(
+                f"{self.debug_name}: indices {indices} must have the rank of data {data}."
+            )
+        self.axis = normalize_axis(self, self.attrs.axis, data.rank)
+        for d, (n, m) in enumerate(zip(indices.shape, data.shape)):
+            if d != self.axis and n > m:
+                raise ShapeError(
+                    f"{self.debug_name}: indices {indices} exceed data {data} on axis {d}."
+                )
+        self.size = data.shape[self.axis]
+        return data.with_shape(indices.shape)
+
+    def kernel(self, data, indices):
+        return torch.gather(data, self.axis, _wrap_negative(indices, self.size))
+
+
+class _LinearIndex:
+    """Turns the last dimension of GatherND/ScatterND indices into one flat row index.
+
+    Indices address data[b..., i0, ..., ik-1, :]; with strides of the addressed dims precomputed,
+    the kernel needs one multiply-sum, and an explicit bounds check (linearising would otherwise
+    let an out-of-range coordinate silently address another row).
+    """
+
+    def __init__(self, op: Op, data: TensorInfo, indices: TensorInfo, batch_dims: int):
+        _check_index_dtype(op, indices)
+        b = batch_dims
+        if indices.rank < 1 or data.rank < 1:
+            raise ShapeError(f"{op.debug_name}: data {data} and indices {indices} need rank >= 1.")
+        k = indices.shape[-1]
+        if not 0 <= b < min(data.rank, indices.rank):
+            raise ShapeError(
+                f"{op.debug_name}: batch_dims {b} must be below the ranks of data {data} and "
+                f"indices {indices}."
+            )
+        if data.shape[:b] != indices.shape[:b]:
+            raise ShapeError(
+                f"{op.debug_name}: the first batch_dims={b} dims of data {data} and indices "
+                f"{indices} must be equal."
+            )
+        if b + k > data.rank:
+            raise ShapeError(
+                f"{op.debug_name}: indices {indices} address {k} dims after {b} batch dims, but "
+                f"data {data} has rank {data.rank}."
+            )
+        self.op = op
+        addressed = data.shape[b : b + k]
+        self.batch = math.prod(data.shape[:b])
+        self.rows = math.prod(addressed)
+        self.row_shape = data.shape[b + k :]
+        self.row_size = math.prod(self.row_shape)
+        self.count = math.prod(indices.shape[b:-1])
+        self.dims = torch.tensor(addressed, dtype=torch.int64)
+        self.strides = torch.tensor(
+            [math.prod(addressed[i + 1 :]) for i in range(k)], dtype=torch.int64
+        )
+        # Row offset of each batch in the flattened (batch * rows) data.
+        self.batch_offset = (torch.arange(self.batch, dtype=torch.int64) * self.rows).reshape(-1, 1)
+        self.out_shape = indices.shape[:-1] + self.row_shape
+
+    def __call__(self, indices: torch.Tensor) -> torch.Tensor:
+        """Flat row indices of shape (batch, count) into data viewed as (batch * rows, row_size)."""
+        index = _wrap_negative(indices, self.dims)
+        bad = (index < 0) | (index >= self.dims)
+        if bool(bad.any()):
+            position = tuple(int(i) for i in bad.nonzero()[0])
+            raise popart_runtime_error(
+                f"{self.op.debug_name}: index {indices[position[:-1]].tolist()} at "
+                f"{list(position[:-1])} is out of range for the addressed dims "
+                f"{self.dims.tolist()}."
+            )
+        flat = (index * self.strides).sum(-1).reshape(self.batch, self.count)
+        return flat + self.batch_offset
+
+
+@register_op("GatherND", versions=(11, 12, 13))
+class GatherND(Op):
+    """Gathers slices data[b..., i0..ik-1] addressed by the last dim of ``indices``."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        batch_dims: int = 0
+
+    @dataclass(frozen=True)
+    class Attrs11:
+        pass
+
+    @classmethod
+    def attrs_type(cls, version):
+        return cls.Attrs11 if version < 12 else cls.Attrs
+
+    def infer(self, data, indices):
+        self.linear = _LinearIndex(self, data, indices, getattr(self.attrs, "batch_dims", 0))
+        return data.with_shape(self.linear.out_shape)
+
+    def kernel(self, data, indices):
+        lin = self.linear
+        flat = data.reshape(lin.batch * lin.rows, lin.row_size)
+        return flat.index_select(0, lin(indices).reshape(-1)).reshape(lin.out_shape)
+
+
+# --- Scatter family ---------------------------------------------------------------------------
+
+
+@register_op("ScatterElements", versions=(11, 13, 16, 18))
+class ScatterElements(Op):
+    """out = copy of data with out[index[i][j]][j] (reduce)= updates[i][j] (for axis 0)."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        axis: int = 0
+        reduction: str = "none"
+
+    @dataclass(frozen=True)
+    class AttrsNoReduction:
+        axis: int = 0
+
+    @classmethod
+    def attrs_type(cls, version):
+        return cls.Attrs if version >= 16 else cls.AttrsNoReduction
+
+    def infer(self, data, indices, updates):
+        _check_index_dtype(self, indices)
+        if indices.shape != updates.shape or indices.rank != data.rank:
+            raise ShapeError(
+                f"{self.debug_name}: indices {indices} and updates {updates} must have the same "
+                f"shape, of the rank of data {data}."
+            )
+        if updates.dtype != data.dtype:
+            raise ShapeError(f"{self.debug_name}: updates {updates} must match data {data} dtype.")
+        self.axis = normalize_axis(self, self.attrs.axis, data.rank)
+        self.size = data.shape[self.axis]
+        self.reduce = _check_reduction(self, getattr(self.attrs, "reduction", "none"))
+        return data
+
+    def kernel(self, data, indices, updates):
+        index = _wrap_negative(indices, self.size)
+        if self.reduce is None:
+            return torch.scatter(data, self.axis, index, updates)
+        return torch.scatter_reduce(data, self.axis, index, updates, self.reduce, include_self=True)
+
+
+@register_op("Scatter", versions=(9, 11))
+class Scatter(ScatterElements):
+    """Scatter-9, renamed ScatterElements in opset 11 (Scatter-11 is the deprecated alias)."""
+
+    @classmethod
+    def attrs_type(cls, version):
+        return cls.AttrsNoReduction
+
+
+@register_op("ScatterND", versions=(11, 13, 16, 18))
+class ScatterND(Op):
+    """out = copy of data with the slices addressed by ``indices`` (reduce)= ``updates``."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        reduction: str = "none"
+
+    @classmethod
+    def attrs_type(cls, version):
+        return cls.Attrs if version >= 16 else ScatterND._NoAttrs
+
+    @dataclass(frozen=True)
+    class _NoAttrs:
+        pass
+
+    def infer(self, data, indices, updates):
+        self.linear = _LinearIndex(self, data, indices, 0)
+        if updates.shape != self.linear.out_shape or updates.dtype != data.dtype:
+            raise ShapeError(
+                f"{self.debug_name}: updates {updates} must be "
+                f"{data.with_shape(self.linear.out_shape)} for data {data} and indices {indices}."
+            )
+        self.reduce = _check_reduction(self, getattr(self.attrs, "reduction", "none"))
+        return data
+
+    def kernel(self, data, indices, updates):
+        lin = self.linear
+        flat = data.reshape(lin.rows, lin.row_size)
+        rows = lin(indices).reshape(-1, 1).expand(lin.count, lin.row_size)
+        values = updates.reshape(lin.count, lin.row_size)
+        if self.reduce is None:
+            out = torch.scatter(flat, 0, rows, values)
+        else:
+            out = torch.scatter_reduce(flat, 0, rows, values, self.reduce, include_self=True)
+        return out.reshape(data.shape)
+
+
+# --- OneHot, TopK, CumSum ----------------------------------------------------------------------
+
+
+@register_op("OneHot", versions=(9, 11))
+class OneHot(Op):
+    """out = values[1] where the inserted ``axis`` equals the index, values[0] elsewhere.
+
+    ``depth`` sets the output shape, so it must be a compile-time constant.
+    """
+
+    const_inputs = (1,)
+
+    @dataclass(frozen=True)
+    class Attrs:
+        axis: int = -1
+
+    def infer(self, indices, depth, values):
+        depth_value = self.const_input(1)
+        if depth_value.size != 1:
+            raise ShapeError(f"{self.debug_name}: depth must hold one value, got {depth}.")
+        self.depth = int(np.asarray(depth_value).reshape(-1)[0])
+        if self.depth < 1:
+            raise ShapeError(f"{self.debug_name}: depth must be positive, got {self.depth}.")
+        if values.shape != (2,):
+            raise ShapeError(
+                f"{self.debug_name}: values must be [off, on] of shape [2], got {values}."
+            )
+        rank = indices.rank + 1
+        axis = self.attrs.axis
+        if not -rank <= axis < rank:
+            raise ShapeError(
+                f"{self.debug_name}: axis {axis} is out of range for output rank {rank}."
+            )
+        self.axis = axis % rank
+        self.positions = torch.arange(self.depth, dtype=torch.int64).reshape(
+            (self.depth,) + (1,) * (rank - 1 - self.axis)
+        )
+        shape = indices.shape[: self.axis] + (self.depth,) + indices.shape[self.axis :]
+        return values.with_shape(shape)
+
+    def kernel(self, indices, depth, values):
+        # Compared in the indices' own dtype: like onnxruntime, a fractional float index matches
+        # no position, and neither does an out-of-range one.
+        index = torch.where(indices < 0, indices + self.depth, indices).unsqueeze(self.axis)
+        return torch.where(index == self.positions, values[1], values[0])
+
+
+@register_op("TopK", versions=(1, 10, 11))
+class TopK(Op):
+    """The k largest (or smallest) values along ``axis`` and their int64 indices.
+
+    Equal values keep their input order (lower index first), as onnxruntime does; a stable sort
+    gives that, which torch.topk does not promise.
+    """
+
+    @dataclass(frozen=True)
+    class Attrs:
+        axis: int = -1
+        largest: int = 1
+        sorted: int = 1
+
+    @dataclass(frozen=True)
+    class Attrs1:
+        k: int
+        axis: int = -1
+
+    @dataclass(frozen=True)
+    class Attrs10:
+        axis: int = -1
+
+    @classmethod
+    def attrs_type(cls, version):
+        return {1: cls.Attrs1, 10: cls.Attrs10}.get(version, cls.Attrs)
+
+    const_inputs = (1,)  # K, from version 10
+
+    def infer(self, x, k=None):
+        self.axis = normalize_axis(self, self.attrs.axis, x.rank)
+        if self.version < 10:
+            self.k = self.attrs.k
+        else:
+            if k is None:
+                raise ShapeError(f"{self.debug_name}: input K is required.")
+            self.k = int(np.asarray(self.const_input(1)).reshape(-1)[0])
+        if not 0 <= self.k <= x.shape[self.axis]:
+            raise ShapeError(
+                f"{self.debug_name}: k={self.k} must be in [0, {x.shape[self.axis]}] for {x} "
+                f"axis {self.axis}."
+            )
+        self.descending = bool(getattr(self.attrs, "largest", 1))
+        shape = list(x.shape)
+        shape[self.axis] = self.k
+        return x.with_shape(shape), TensorInfo(DataType.INT64, tuple(shape))
+
+    def kernel(self, x, k=None):
+        values, indices = torch.sort(x, dim=self.axis, descending=self.descending, stable=True)
+        return values.narrow(self.axis, 0, self.k), indices.narrow(self.axis, 0, self.k)
+
+
+@register_op("CumSum", versions=(11, 14))
+class CumSum(Op):
+    """Cumulative sum along a constant ``axis`` input; ``exclusive`` shifts by one element,
+    ``reverse`` sums from the end."""
+
+    const_inputs = (1,)
+
+    @dataclass(frozen=True)
+    class Attrs:
+        exclusive: int = 0
+        reverse: int = 0
+
+    def infer(self, x, axis):
+        value = np.asarray(self.const_input(1))
+        if value.size != 1:
+            raise ShapeError(f"{self.debug_name}: axis must be a scalar, got {axis}.")
+        self.axis = normalize_axis(self, int(value.reshape(-1)[0]), x.rank)
+        self.length = x.shape[self.axis]
+        return x
+
+    def kernel(self, x, axis):
+        if self.attrs.reverse:
+            x = x.flip(self.axis)
+        y = torch.cumsum(x, self.axis, dtype=x.dtype)
+        if self.attrs.exclusive:
+            # Shift rather than subtract x: the sums then equal onnxruntime's bit for bit.
+            zero = torch.zeros_like(y.narrow(self.axis, 0, min(1, self.length)))
+            y = torch.cat([zero, y.narrow(self.axis, 0, max(self.length - 1, 0))], self.axis)
+        return y.flip(self.axis) if self.attrs.reverse else y
+
+
+# --- data-dependent shapes: only at compile time -------------------------------------------------
+
+
+def _static_only(op: Op, index: int, what: str) -> np.ndarray:
+    tensor = op.inputs[index]
+    if not tensor.is_const:
+        raise UnsupportedOpError(
+            f"{op.debug_name}: the output shape depends on the values of {what} '{tensor.id}' "
+            f"({tensor.info}, {tensor.kind.value}), but tensor shapes on the simulated IPU are "
+            f"fixed at compile time. Make '{tensor.id}' a constant (so the op folds), or replace "
+            f"the op by a fixed-size equivalent (e.g. a mask with Where)."
+        )
+    return tensor.data
+
+
+@register_op("NonZero", versions=(9, 13))
+class NonZero(Op):
+    """Indices of the non-zero elements, shape [rank, count]: folded when the input is constant."""
+
+    def infer(self, x):
+        count = int(np.count_nonzero(_static_only(self, 0, "input")))
+        return TensorInfo(DataType.INT64, (x.rank, count))
+
+    def kernel(self, x):
+        return torch.nonzero(x).t().contiguous()
+
+
+@register_op("Compress", versions=(9, 11))
+class Compress(Op):
+    """Slices of the input where ``condition`` is true (flattened input without ``axis``).
+
+    The condition sets the output shape, so it must be constant; the selected indices are
+    computed once here and the kernel is one index_select.
+    """
+
+    @dataclass(frozen=True)
+    class Attrs:
+        axis: int | None = None
+
+    def infer(self, x, condition):
+        cond = np.asarray(_static_only(self, 1, "condition"))
+        if condition.rank != 1:
+            raise ShapeError(f"{self.debug_name}: condition must be 1-D, got {condition}.")
+        axis = self.attrs.axis
+        self.axis = None if axis is None else normalize_axis(self, axis, x.rank)
+        length = x.nelms if self.axis is None else x.shape[self.axis]
+        selected = np.nonzero(cond.astype(bool))[0]
+        if selected.size and selected[-1] >= length:
+            raise ShapeError(
+                f"{self.debug_name}: condition {condition} selects index {int(selected[-1])}, "
+                f"beyond the {length} elements of the compressed axis of {x}."
+            )
+        self.index = torch.from_numpy(selected.astype(np.int64))
+        if self.axis is None:
+            return x.with_shape((selected.size,))
+        shape = list(x.shape)
+        shape[self.axis] = selected.size
+        return x.with_shape(shape)
+
+    def kernel(self, x, condition):
+        if self.axis is None:
+            return x.reshape(-1).index_select(0, self.index)
+        return x.index_select(self.axis, self.index)
+
+
+__all__: list[str] = []
