@@ -22,7 +22,7 @@ from .ir.ir import Ir
 from .ir.op import OpSettings, RecomputeType
 from .ir.tensor import TensorInfo, TensorKind
 from .ops.fused import FUSED_DOMAIN
-from .ops.registry import AI_ONNX, make_attrs, normalize_domain, resolve
+from .ops.registry import AI_ONNX, const_input_positions, make_attrs, normalize_domain, resolve
 from .transforms.const_fold import try_fold
 from .onnx_sequences import StaticSequences
 
@@ -168,8 +168,9 @@ def import_model(
 ) -> Ir:
     """Build the forward Ir of ``model``.
 
-    Initializers become VARIABLE tensors (CONST when ``constant_weights``: inference sessions
-    with SessionOptions.constantWeights). Graph inputs without initializer are host STREAMs.
+    Float initializers read as data become VARIABLE tensors (CONST when ``constant_weights``:
+    inference sessions with SessionOptions.constantWeights); other initializers are CONST.
+    Graph inputs without initializer are host STREAMs.
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     proto = loaded.proto
@@ -180,10 +181,15 @@ def import_model(
     shape_info = dict(input_shape_info or {})
 
     initializer_names = set()
+    weight_uses = _weight_uses(proto.graph, opsets)
     for init in proto.graph.initializer:
         value = initializer_value(init, loaded.base_dir)
-        kind = TensorKind.CONST if constant_weights else TensorKind.VARIABLE
-        graph.add_tensor(init.name, TensorInfo.of(value), kind, value)
+        info = TensorInfo.of(value)
+        # A weight is a float initializer read as data by some op. Integer initializers and
+        # operands only read at compile time (shapes, axes, scales) stay constants.
+        is_weight = info.dtype.is_float and init.name in weight_uses
+        kind = TensorKind.VARIABLE if is_weight and not constant_weights else TensorKind.CONST
+        graph.add_tensor(init.name, info, kind, value)
         initializer_names.add(init.name)
     for value_info in proto.graph.input:
         if value_info.name in initializer_names:
@@ -245,6 +251,17 @@ def add_node(ir: Ir, node: onnx.NodeProto, strict: bool = True):
     graph.add_op(op, list(node.input), list(node.output))
     try_fold(graph, op)
     return op
+
+
+def _weight_uses(graph: onnx.GraphProto, opsets: dict[str, int]) -> set[str]:
+    """Names some node reads as data, i.e. not only as a compile-time operand of its op."""
+    used = set()
+    for node in graph.node:
+        const_positions = const_input_positions(
+            node.op_type, normalize_domain(node.domain), opsets.get(normalize_domain(node.domain), 0)
+        )
+        used.update(n for i, n in enumerate(node.input) if n and i not in const_positions)
+    return used
 
 
 def _nodes_in_order(graph: onnx.GraphProto) -> list[onnx.NodeProto]:

@@ -60,6 +60,26 @@ class IdentityLoss(GraphcoreLoss):
     def kernel(self, x):
         return self.reduce(x)
 
+    def grad(self, g):
+        g.set_input_grad(0, g.op("IdentityLossGrad", g.output_grad(0), g.input(0),
+                                 domain=AI_GRAPHCORE, reduction=self.attrs.reduction))
+
+
+@register_op("IdentityLossGrad", versions=1, domain=AI_GRAPHCORE)
+class IdentityLossGrad(GraphcoreLoss):
+    """dx = dloss broadcast to x (divided by the element count for Mean)."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        reduction: int = 1
+
+    def infer(self, dloss, x):
+        return x
+
+    def kernel(self, dloss, x):
+        scale = 1.0 / x.numel() if self.reduction() == "mean" else 1.0
+        return (dloss * scale).expand(x.shape).contiguous()
+
 
 @register_op("L1", versions=1, domain=AI_GRAPHCORE)
 class L1(GraphcoreLoss):
@@ -80,6 +100,22 @@ class L1(GraphcoreLoss):
 
     def kernel(self, x):
         return self.reduce(x.abs()) * self.attrs.lambda_
+
+    def grad(self, g):
+        g.set_input_grad(0, g.op("L1Grad", g.output_grad(0), g.input(0), domain=AI_GRAPHCORE,
+                                 reduction=self.attrs.reduction, lambda_=self.attrs.lambda_))
+
+
+@register_op("L1Grad", versions=1, domain=AI_GRAPHCORE)
+class L1Grad(L1):
+    """dx = lambda * sign(x) * dloss (divided by the element count for Mean)."""
+
+    def infer(self, dloss, x):
+        return x
+
+    def kernel(self, dloss, x):
+        scale = self.attrs.lambda_ / x.numel() if self.reduction() == "mean" else self.attrs.lambda_
+        return torch.sign(x) * (dloss * scale)
 
 
 @register_op("Nll", versions=1, domain=AI_GRAPHCORE)
@@ -111,6 +147,40 @@ class Nll(GraphcoreLoss):
             reduction=self.reduction(),
         )
         return loss.reshape(label.shape) if self.reduction() == "none" else loss
+
+    def grad(self, g):
+        a = self.attrs
+        g.set_input_grad(0, g.op("NllGrad", g.output_grad(0), g.input(0), g.input(1),
+                                 domain=AI_GRAPHCORE, reduction=a.reduction,
+                                 ignoreIndex=a.ignoreIndex,
+                                 inputIsLogProbability=a.inputIsLogProbability))
+
+
+@register_op("NllGrad", versions=1, domain=AI_GRAPHCORE)
+class NllGrad(Nll):
+    """d probs: -dloss / p at the label (-dloss for log-probabilities), 0 elsewhere."""
+
+    def infer(self, dloss, probs, label):
+        return probs
+
+    def kernel(self, dloss, probs, label):
+        classes = probs.shape[-1]
+        flat_label = label.reshape(-1).long()
+        keep = torch.ones_like(flat_label, dtype=torch.bool)
+        if self.attrs.ignoreIndex is not None:
+            keep = flat_label != self.attrs.ignoreIndex
+        if self.reduction() == "mean":
+            scale = dloss / keep.sum().clamp(min=1).to(probs.dtype)
+            per = scale.expand(flat_label.shape)
+        else:
+            per = dloss.reshape(-1).expand(flat_label.shape)
+        per = torch.where(keep, per, torch.zeros_like(per))
+        onehot = torch.zeros(flat_label.numel(), classes, dtype=probs.dtype)
+        onehot.scatter_(1, torch.where(keep, flat_label, 0).unsqueeze(1), 1.0)
+        dlogp = -(onehot * per.unsqueeze(1))
+        if not self.attrs.inputIsLogProbability:
+            dlogp = dlogp / probs.reshape(-1, classes)
+        return dlogp.reshape(probs.shape)
 
 
 class OnnxLossBase(Op):

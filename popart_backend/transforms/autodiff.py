@@ -123,29 +123,38 @@ class Autodiff:
 
     name = "autodiff"
 
-    def __init__(self, loss_id: str, loss_scaling: float = 1.0):
+    def __init__(self, loss_id: str | None, loss_scaling: float = 1.0,
+                 output_grads: dict[str, np.ndarray] | None = None):
+        """Start from ``loss_id`` (a float scalar; its gradient is ``loss_scaling``), or, for
+        op tests, from given gradients of arbitrary tensors (``output_grads``)."""
         self.loss_id = loss_id
         self.loss_scaling = loss_scaling
+        self.output_grads = dict(output_grads or {})
         self.graph: Graph | None = None
         self.requires_grad: set[str] = set()
         self.variable_grads: dict[str, str] = {}
 
     def run(self, ir: Ir) -> bool:
         graph = self.graph = ir.main
-        loss = graph.tensor(self.loss_id)
-        if loss.info.nelms != 1 or not loss.info.dtype.is_float:
-            raise popart_exception(
-                f"The loss '{loss.id}' must be a floating-point scalar to start the backward pass, "
-                f"but it is {loss.info}. Reduce it with reduction=Mean or Sum."
-            )
+        seeds = dict(self.output_grads)
+        if self.loss_id is not None:
+            loss = graph.tensor(self.loss_id)
+            if loss.info.nelms != 1 or not loss.info.dtype.is_float:
+                raise popart_exception(
+                    f"The loss '{loss.id}' must be a floating-point scalar to start the backward "
+                    f"pass, but it is {loss.info}. Reduce it with reduction=Mean or Sum."
+                )
+            seeds[loss.id] = np.full(loss.info.shape, self.loss_scaling, loss.info.dtype.numpy)
         order = graph.topo_order()
         self.requires_grad = self._forward_requires_grad(graph, order)
-        reaches_loss = self._backward_reaches(loss)
+        reaches_loss: set[int] = set()
         grads: dict[str, list[str]] = {}
-        seed = np.full(loss.info.shape, self.loss_scaling, loss.info.dtype.numpy)
-        seed_id = graph.unique_id(GRADIENT_PREFIX + loss.id)
-        graph.add_const(seed_id, seed)
-        grads[loss.id] = [seed_id]
+        for tid, value in seeds.items():
+            tensor = graph.tensor(tid)
+            reaches_loss |= self._backward_reaches(tensor)
+            seed_id = graph.unique_id(GRADIENT_PREFIX + tid)
+            graph.add_const(seed_id, np.asarray(value, tensor.info.dtype.numpy).reshape(tensor.info.shape))
+            grads[tid] = [seed_id]
 
         for op in reversed(order):
             if op.id not in reaches_loss:
@@ -161,9 +170,9 @@ class Autodiff:
             if not has_grad(op):
                 wanted = [t.id for t in op.inputs if t is not None and t.id in self.requires_grad]
                 raise popart_exception(
-                    f"{op.debug_name} has no gradient, but the backward pass from loss "
-                    f"'{self.loss_id}' needs one for its input(s) {wanted}. Detach the path "
-                    f"(aiGraphcore.detach) or use an op with a gradient."
+                    f"{op.debug_name} has no gradient, but the backward pass from "
+                    f"{self.loss_id or sorted(seeds)!r} needs one for its input(s) {wanted}. "
+                    f"Detach the path (aiGraphcore.detach) or use an op with a gradient."
                 )
             builder = GradBuilder(self, op, out_grads)
             op.grad(builder)

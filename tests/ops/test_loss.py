@@ -63,3 +63,24 @@ def test_onnx_losses(opset, reduction, weighted):
     check_op("SoftmaxCrossEntropyLoss", [scores, labels, weights], attrs, opset=opset,
              num_outputs=2)
     check_op("NegativeLogLikelihoodLoss", [scores, labels, weights], attrs, opset=opset)
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_loss_gradients(reduction):
+    """Gradients of the ai.graphcore losses against torch.autograd (issue #3 item 3)."""
+    from tests.helpers import check_grad
+
+    red = REDUCTIONS[reduction]
+    check_grad("IdentityLoss", [rand(4, 3)], {"reduction": reduction}, domain="ai.graphcore",
+               ref=lambda x: {"sum": x.sum(), "mean": x.mean(), "none": x}[red])
+    check_grad("L1", [rand(4, 3)], {"reduction": reduction, "lambda": 0.3}, domain="ai.graphcore",
+               ref=lambda x: torch.nn.functional.l1_loss(x, torch.zeros_like(x), reduction=red) * 0.3)
+    probs = torch.softmax(torch.from_numpy(rand(5, 4)), dim=-1).numpy()
+    label = np.array([0, 3, 1, 2, 1], dtype=np.int32)
+    for log_input in (0, 1):
+        inp = np.log(probs) if log_input else probs
+        check_grad("Nll", [inp, label],
+                   {"reduction": reduction, "ignoreIndex": 1, "inputIsLogProbability": log_input},
+                   domain="ai.graphcore",
+                   ref=lambda p, l: torch.nn.functional.nll_loss(
+                       p if log_input else p.log(), l.long(), ignore_index=1, reduction=red))
