@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+import onnx.defs
+
 from ..dtypes import DataType
-from ..errors import ShapeError
+from ..errors import ShapeError, UnsupportedOpError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
 
@@ -89,3 +92,59 @@ class Variadic(Op):
 
     def infer(self, *xs):
         return TensorInfo(xs[0].dtype, broadcast_shapes(self, *(x.shape for x in xs)))
+
+
+# --- dtype constraints --------------------------------------------------------------------------
+
+# torch's CPU kernels implement little beyond copies for these; ops that can widen them to int64
+# (BitShift) or only convert them (Cast) opt in with ``wide_unsigned_ok``.
+WIDE_UNSIGNED = (DataType.UINT16, DataType.UINT32, DataType.UINT64)
+
+
+@functools.lru_cache(maxsize=None)
+def _type_constraints(op_type: str, version: int) -> tuple[tuple[tuple[str, bool], ...], dict]:
+    """(formal inputs as (type param, variadic), type param -> allowed ONNX type names)."""
+    schema = onnx.defs.get_schema(op_type, version, "")
+    formals = tuple(
+        (f.type_str, f.option == onnx.defs.OpSchema.FormalParameterOption.Variadic)
+        for f in schema.inputs
+    )
+    allowed = {
+        c.type_param_str: frozenset(t[len("tensor(") : -1] for t in c.allowed_type_strs)
+        for c in schema.type_constraints
+    }
+    return formals, allowed
+
+
+def check_dtypes(op: Op, *infos: TensorInfo | None, wide_unsigned_ok: bool = False) -> None:
+    """Check input dtypes against the ONNX type constraints of ``op``'s version.
+
+    Raises ShapeError when a dtype is outside the schema's list or inputs sharing a type
+    parameter differ; UnsupportedOpError for uint16/32/64, which the torch kernels lack.
+    """
+    formals, allowed = _type_constraints(op.op_type, op.version)
+    seen: dict[str, tuple[int, DataType]] = {}
+    for i, info in enumerate(infos):
+        if info is None or not formals:
+            continue
+        param, variadic = formals[min(i, len(formals) - 1)]
+        if i >= len(formals) and not variadic:
+            continue
+        name = info.dtype.name.lower()
+        if param in allowed and name not in allowed[param]:
+            raise ShapeError(
+                f"{op.debug_name}: input {i} has dtype {name}, but {op.op_type}-{op.version} "
+                f"accepts {', '.join(sorted(allowed[param]))}. Cast the input first."
+            )
+        if param in seen and seen[param][1] != info.dtype:
+            j, other = seen[param]
+            raise ShapeError(
+                f"{op.debug_name}: inputs {j} and {i} must share one dtype ({param}) but are "
+                f"{other.name.lower()} and {name}. Cast one of them."
+            )
+        seen.setdefault(param, (i, info.dtype))
+        if info.dtype in WIDE_UNSIGNED and not wide_unsigned_ok:
+            raise UnsupportedOpError(
+                f"{op.debug_name}: dtype {name} is valid ONNX but the simulated IPU's kernels "
+                f"do not implement {op.op_type} for it. Cast to int32/int64 first."
+            )

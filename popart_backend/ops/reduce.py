@@ -1,0 +1,240 @@
+"""Reductions: ReduceSum/Mean/Max/Min/Prod/L1/L2/LogSum/LogSumExp/SumSquare and ArgMax/ArgMin.
+
+The ``Reduce`` base owns the shape rule once: axes come from the ``axes`` attribute up to the
+version where ONNX moved them to a second, constant input (ReduceSum at 13, the others at 18);
+absent or empty axes reduce every axis, unless ``noop_with_empty_axes`` asks to reduce none.
+Reducing no axis still applies the op's elementwise part (ReduceL1 gives |x|, ReduceSumSquare
+x², ReduceLogSum log x), as the ONNX reference and onnxruntime do. Versions start at the first
+one PopART 2.3 lists (spec §6.1).
+
+Integer inputs keep their dtype (torch would widen sums to int64). Where ONNX's formula leaves
+the integers (Mean, L2, LogSum, LogSumExp) each step truncates toward zero, as onnxruntime
+computes them in the input type.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..dtypes import DataType
+from ..errors import ShapeError
+from ..ir.op import Op
+from ..ir.tensor import TensorInfo
+from .base import check_dtypes
+from .registry import register_op
+
+
+class Reduce(Op):
+    """y = reduce(x) over ``self.dims``; subclasses implement ``reduce(x)``."""
+
+    # First version taking the axes as input 1 instead of an attribute.
+    axes_input_since: ClassVar[int] = 18
+    const_inputs = (1,)
+
+    @dataclass(frozen=True)
+    class Attrs:
+        axes: tuple[int, ...] | None = None
+        keepdims: int = 1
+
+    @dataclass(frozen=True)
+    class AxesInputAttrs:
+        keepdims: int = 1
+        noop_with_empty_axes: int = 0
+
+    @classmethod
+    def attrs_type(cls, version: int) -> type:
+        return cls.AxesInputAttrs if version >= cls.axes_input_since else cls.Attrs
+
+    def infer(self, x, axes=None):
+        check_dtypes(self, x, axes)
+        if self.version >= self.axes_input_since:
+            value = self.const_input(1)
+            requested = None if value is None or value.size == 0 else value.reshape(-1).tolist()
+            noop = requested is None and bool(self.attrs.noop_with_empty_axes)
+        else:
+            requested = list(self.attrs.axes) if self.attrs.axes else None
+            noop = False
+        self.keepdims = bool(self.attrs.keepdims)
+        self.is_int = x.dtype.is_int
+        # Sums of integers must stay in the input dtype; torch defaults them to int64.
+        self.sum_dtype = x.dtype.torch if self.is_int else None
+        self.dims = () if noop else self._normalize(requested, x)
+        self.count = math.prod(x.shape[d] for d in self.dims)
+        if self.keepdims:
+            shape = tuple(1 if d in self.dims else n for d, n in enumerate(x.shape))
+        else:
+            shape = tuple(n for d, n in enumerate(x.shape) if d not in self.dims)
+        self.out_shape = shape
+        # torch reads an empty dim list as "all axes"; reducing no axis is instead done as
+        # reducing a new leading axis of size 1.
+        self.lift = not self.dims
+        if self.lift:
+            self.dims, self.keepdims = (0,), False
+        return TensorInfo(x.dtype, shape)
+
+    def _normalize(self, requested: list[int] | None, x: TensorInfo) -> tuple[int, ...]:
+        if requested is None:
+            return tuple(range(x.rank))
+        dims = []
+        for axis in requested:
+            if not -x.rank <= axis < x.rank:
+                raise ShapeError(
+                    f"{self.debug_name}: axis {axis} is out of range for input {x} of rank "
+                    f"{x.rank}; valid axes are {-x.rank}..{x.rank - 1}."
+                )
+            dims.append(axis % x.rank)
+        if len(set(dims)) != len(dims):
+            raise ShapeError(f"{self.debug_name}: axes {requested} name an axis twice.")
+        return tuple(sorted(dims))
+
+    def kernel(self, x, axes=None):
+        if self.lift:
+            x = x.unsqueeze(0)
+        return self.reduce(x)
+
+    def reduce(self, x):
+        raise NotImplementedError(f"{self.op_type} has no reduce()")
+
+    def _sum(self, x):
+        return torch.sum(x, self.dims, keepdim=self.keepdims, dtype=self.sum_dtype)
+
+
+@register_op("ReduceSum", versions=(1, 11, 13))
+class ReduceSum(Reduce):
+    axes_input_since = 13
+
+    def reduce(self, x):
+        return self._sum(x)
+
+
+@register_op("ReduceMean", versions=(1, 11, 13, 18))
+class ReduceMean(Reduce):
+    def reduce(self, x):
+        if self.is_int:
+            total = torch.sum(x, self.dims, keepdim=self.keepdims, dtype=torch.int64)
+            return torch.div(total, self.count, rounding_mode="trunc").to(x.dtype)
+        return torch.mean(x, self.dims, keepdim=self.keepdims)
+
+
+@register_op("ReduceMax", versions=(1, 11, 12, 13, 18, 20))
+class ReduceMax(Reduce):
+    def reduce(self, x):
+        return torch.amax(x, self.dims, keepdim=self.keepdims)
+
+
+@register_op("ReduceMin", versions=(1, 11, 12, 13, 18, 20))
+class ReduceMin(Reduce):
+    def reduce(self, x):
+        return torch.amin(x, self.dims, keepdim=self.keepdims)
+
+
+@register_op("ReduceProd", versions=(1, 11, 13, 18))
+class ReduceProd(Reduce):
+    def reduce(self, x):
+        # torch.prod takes one axis at a time.
+        for d in reversed(self.dims):
+            x = torch.prod(x, d, keepdim=True, dtype=self.sum_dtype)
+        return x if self.keepdims else x.reshape(self.out_shape)
+
+
+@register_op("ReduceL1", versions=(1, 11, 13, 18))
+class ReduceL1(Reduce):
+    def reduce(self, x):
+        return self._sum(torch.abs(x))
+
+
+@register_op("ReduceL2", versions=(1, 11, 13, 18))
+class ReduceL2(Reduce):
+    def reduce(self, x):
+        if self.is_int:
+            return torch.sqrt(self._sum(x * x).double()).to(x.dtype)
+        return torch.linalg.vector_norm(x, 2, self.dims, keepdim=self.keepdims)
+
+
+@register_op("ReduceLogSum", versions=(1, 11, 13, 18))
+class ReduceLogSum(Reduce):
+    def reduce(self, x):
+        if self.is_int:
+            return torch.log(self._sum(x).double()).to(x.dtype)
+        return torch.log(self._sum(x))
+
+
+@register_op("ReduceLogSumExp", versions=(1, 11, 13, 18))
+class ReduceLogSumExp(Reduce):
+    def reduce(self, x):
+        if self.is_int:
+            # max + log(sum(exp(x - max))) with every step truncated to the integer type.
+            top = torch.amax(x, self.dims, keepdim=True)
+            terms = torch.exp((x - top).double()).to(x.dtype)
+            log_sum = torch.log(self._sum(terms).double()).to(x.dtype)
+            return log_sum + (top if self.keepdims else top.reshape(self.out_shape))
+        return torch.logsumexp(x, self.dims, keepdim=self.keepdims)
+
+
+@register_op("ReduceSumSquare", versions=(1, 11, 13, 18))
+class ReduceSumSquare(Reduce):
+    def reduce(self, x):
+        return self._sum(x * x)
+
+
+# --- ArgMax / ArgMin ----------------------------------------------------------------------------
+
+
+class ArgReduce(Op):
+    """INT64 index of the max/min along ``axis``; ties pick the first index unless
+    ``select_last_index`` (version 12+)."""
+
+    find: ClassVar = staticmethod(torch.argmax)
+
+    @dataclass(frozen=True)
+    class Attrs:
+        axis: int = 0
+        keepdims: int = 1
+
+    @dataclass(frozen=True)
+    class AttrsV12:
+        axis: int = 0
+        keepdims: int = 1
+        select_last_index: int = 0
+
+    @classmethod
+    def attrs_type(cls, version: int) -> type:
+        return cls.AttrsV12 if version >= 12 else cls.Attrs
+
+    def infer(self, x):
+        check_dtypes(self, x)
+        axis = self.attrs.axis
+        if not -x.rank <= axis < x.rank:
+            raise ShapeError(
+                f"{self.debug_name}: axis {axis} is out of range for input {x} of rank {x.rank}."
+            )
+        self.axis = axis % x.rank
+        self.keepdims = bool(self.attrs.keepdims)
+        self.last = bool(getattr(self.attrs, "select_last_index", 0))
+        self.size = x.shape[self.axis]
+        if self.keepdims:
+            shape = tuple(1 if d == self.axis else n for d, n in enumerate(x.shape))
+        else:
+            shape = tuple(n for d, n in enumerate(x.shape) if d != self.axis)
+        return TensorInfo(DataType.INT64, shape)
+
+    def kernel(self, x):
+        if self.last:
+            # torch returns the first extreme; searching the flipped axis finds the last one.
+            flipped = self.find(torch.flip(x, (self.axis,)), self.axis, keepdim=self.keepdims)
+            return (self.size - 1) - flipped
+        return self.find(x, self.axis, keepdim=self.keepdims)
+
+
+@register_op("ArgMax", versions=(1, 11, 12, 13))
+class ArgMax(ArgReduce):
+    find = staticmethod(torch.argmax)
+
+
+@register_op("ArgMin", versions=(1, 11, 12, 13))
+class ArgMin(ArgReduce):
+    find = staticmethod(torch.argmin)
