@@ -1,3 +1,464 @@
-"""Placeholder: filled by the foundation issue (#2)."""
+"""Sessions: import a model, compile it for the simulated device, run it with step IO (§2.1, §4).
 
-__all__: list[str] = []
+``InferenceSession`` runs the forward graph. Construction imports the model, checks options and
+anchors and runs the inference passes; ``prepareDevice()`` lowers the Ir to a Program and
+compiles it (execution plan, anchor write tables); ``run(stepio)`` executes one step of
+``batchesPerStep`` batches. Weights keep a host copy (``writeWeights`` / ``readWeights``) and a
+device copy (``weightsFromHost`` / ``weightsToHost``), as in PopART.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .dataflow import DataFlow, PyWeightsIO, anchor_shape
+from .device.lower import Program, lower
+from .device.manager import DeviceConnectionType
+from .device.simulator import SimulatedDevice
+from .errors import NotImplementedOptionError, popart_exception
+from .ir.tensor import TensorKind
+from .onnx_import import LoadedModel, import_model, initializer_value, load_model
+from .options import Patterns, SessionOptions, SyntheticDataMode, check_buildable
+from .tensorinfo import (
+    ExchangeStrategy,
+    InputShapeInfo,
+    TensorInfo,
+    TileSet,
+    input_settings_from_model,
+)
+from .transforms.pipeline import inference_passes, run_passes
+
+__all__ = ["InferenceSession"]
+
+_log = logging.getLogger("popart:session")
+
+_SYNTHETIC = {
+    SyntheticDataMode.Off: "off",
+    SyntheticDataMode.Zeros: "zeros",
+    SyntheticDataMode.RandomNormal: "random_normal",
+}
+
+
+class SessionBase:
+    """What inference and training sessions share: import, anchors, device, weights, run.
+
+    A subclass sets ``_training`` and overrides the hooks ``_constant_weights()``,
+    ``_passes()`` and ``_check_mode_options()``.
+    """
+
+    _training = False
+
+    def __init__(self, fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns,  # noqa: N803
+                 userOptions, name: str):
+        if not isinstance(dataFlow, DataFlow):
+            raise popart_exception(
+                f"{type(self).__name__}: dataFlow must be a DataFlow, not "
+                f"{type(dataFlow).__name__}."
+            )
+        if deviceInfo is None:
+            raise popart_exception(
+                f"{type(self).__name__}: deviceInfo is None (no device was acquired). Use "
+                f"DeviceManager().createCpuDevice() or acquireAvailableDevice(...)."
+            )
+        if not isinstance(inputShapeInfo, InputShapeInfo):
+            raise popart_exception(
+                f"{type(self).__name__}: inputShapeInfo must be an InputShapeInfo, not "
+                f"{type(inputShapeInfo).__name__}."
+            )
+        # patterns=None means the set registered now (spec §2.1), built at call time.
+        patterns = Patterns() if patterns is None else patterns
+        if not isinstance(patterns, Patterns):
+            raise popart_exception(
+                f"{type(self).__name__}: patterns must be a Patterns or None, not "
+                f"{type(patterns).__name__}."
+            )
+        check_buildable(userOptions, self._training)
+        self._check_mode_options(userOptions)
+        self.name = name
+        self._options = userOptions
+        self._patterns = patterns
+        self._data_flow = dataFlow
+        self._device_info = deviceInfo
+        self._replication_factor = (
+            userOptions.replicatedGraphCount if userOptions.enableReplicatedGraphs else 1
+        )
+        self._accumulation_factor = userOptions.getAccumulationFactor()
+        self._check_anchor_settings(dataFlow)
+
+        self._model: LoadedModel = load_model(fnModel)
+        self._check_input_settings()
+        self._ir = import_model(
+            self._model,
+            input_shape_info=inputShapeInfo.to_ir(),
+            constant_weights=self._constant_weights(),
+            strict_op_versions=userOptions.strictOpVersions,
+        )
+        self._check_anchors_exist()
+        self._ir.anchors = dataFlow.anchors()
+        run_passes(self._ir, self._passes())
+        self._program: Program = lower(self._ir, dataFlow, self._replication_factor,
+                                       self._accumulation_factor)
+        self._check_device()
+        # Host copies of the weights (variables), as given by the model or writeWeights().
+        self._host_weights = {
+            tid: np.array(self._ir.main.tensors[tid].data, copy=True)
+            for tid in self._program.weights
+        }
+        self._random_seed = 0
+        self._device: SimulatedDevice | None = None
+        self._engine_loaded = False
+
+    # --- construction checks ----------------------------------------------------------------
+
+    def _constant_weights(self) -> bool:
+        return False
+
+    def _passes(self) -> list:
+        raise NotImplementedError
+
+    def _check_mode_options(self, options: SessionOptions) -> None:
+        pass
+
+    def _check_anchor_settings(self, data_flow: DataFlow) -> None:
+        for anchor_id in data_flow.anchors():
+            art = data_flow.art(anchor_id)
+            if art.tileSet() is not TileSet.Compute or (
+                art.exchangeStrategy() is not ExchangeStrategy.JustInTime
+            ):
+                raise NotImplementedOptionError(
+                    f"Anchor '{anchor_id}' asks for TileSet.{art.tileSet().name} / "
+                    f"ExchangeStrategy.{art.exchangeStrategy().name}: IO tiles and overlapped "
+                    f"IO are not built yet; issue #6 builds them. Use the defaults "
+                    f"(TileSet.Compute, ExchangeStrategy.JustInTime) to run now."
+                )
+
+    def _check_input_settings(self) -> None:
+        for tensor_id, settings in input_settings_from_model(self._model.proto).items():
+            if not settings.is_default():
+                raise NotImplementedOptionError(
+                    f"Input '{tensor_id}' has {settings!r}: IO tiles and overlapped IO are not "
+                    f"built yet; issue #6 builds them. Use the default InputSettings to run now."
+                )
+
+    def _check_anchors_exist(self) -> None:
+        tensors = self._ir.main.tensors
+        missing = [a for a in self._data_flow.anchors() if a not in tensors]
+        if not missing:
+            return
+        lines = []
+        for anchor_id in missing:
+            close = difflib.get_close_matches(anchor_id, list(tensors), n=3)
+            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            lines.append(f"Anchor '{anchor_id}' is not a tensor of the model.{hint}")
+        outputs = ", ".join(repr(o) for o in self._ir.main.outputs)
+        raise popart_exception(
+            "\n".join(lines) + f"\nDataFlow anchors must name tensors of the ONNX graph (its "
+            f"outputs are {outputs})."
+        )
+
+    def _check_device(self) -> None:
+        needed = self._replication_factor * self._program.ipus_per_replica
+        num_ipus = self._device_info.numIpus
+        if num_ipus < needed or num_ipus % self._replication_factor:
+            raise popart_exception(
+                f"{type(self).__name__} '{self.name}': replicatedGraphCount = "
+                f"{self._replication_factor} replicas × {self._program.ipus_per_replica} IPU(s) "
+                f"per replica need {needed} IPUs (and a multiple of {self._replication_factor}), "
+                f"but the device has {num_ipus}. Acquire a device with "
+                f"acquireAvailableDevice({needed}) or "
+                f"createIpuModelDevice({{'numIPUs': {needed}}})."
+            )
+
+    # --- properties ---------------------------------------------------------------------------
+
+    @property
+    def dataFlow(self) -> DataFlow:  # noqa: N802 - PopART's name
+        return self._data_flow
+
+    @property
+    def replicationFactor(self) -> int:  # noqa: N802
+        return self._replication_factor
+
+    @property
+    def accumulationFactor(self) -> int:  # noqa: N802
+        return self._accumulation_factor
+
+    @property
+    def options(self) -> SessionOptions:
+        return self._options
+
+    # --- device -------------------------------------------------------------------------------
+
+    def prepareDevice(self, loadEngine: bool = True) -> None:  # noqa: N802,N803
+        """Compile the Program for the simulated device, then load it unless ``loadEngine`` is
+        False or ``compileEngine`` is off (F47)."""
+        if not self._options.compileEngine:
+            _log.info("compileEngine is False: the IR is built, no engine is compiled.")
+            return
+        if self._device is None:
+            self._device = SimulatedDevice(
+                self._program, _SYNTHETIC[self._options.syntheticDataMode], self._random_seed)
+        if loadEngine:
+            self.loadEngineAndConnectStreams()
+
+    def loadEngineAndConnectStreams(self) -> None:  # noqa: N802
+        """Attach to the device (OnDemand devices attach here) and load the compiled engine."""
+        if self._device is None:
+            raise popart_exception(
+                f"{type(self).__name__} '{self.name}': loadEngineAndConnectStreams() needs a "
+                f"compiled engine; call prepareDevice() first."
+            )
+        if self._offline():
+            _log.info("Offline device: the engine is compiled but cannot be loaded.")
+            return
+        device_info = self._device_info
+        if not device_info.isAttached:
+            # OnDemand devices attach when first needed, retrying up to the manager's timeout.
+            on_demand = device_info.connectionType is DeviceConnectionType.OnDemand
+            attached = device_info.tryAttachUntilTimeout() if on_demand else device_info.attach()
+            if not attached:
+                raise popart_exception(
+                    f"{type(self).__name__} '{self.name}': could not attach to device "
+                    f"{device_info!r}; it is in use. Detach it elsewhere or acquire another."
+                )
+        self._engine_loaded = True
+
+    def _offline(self) -> bool:
+        return self._device_info.connectionType is DeviceConnectionType.Never
+
+    def _ready_device(self, what: str) -> SimulatedDevice:
+        if self._offline():
+            raise popart_exception("Offline IPU device is not configured for execution")
+        if not self._options.compileEngine:
+            raise popart_exception(
+                f"{what}: no engine was compiled because SessionOptions.compileEngine is False; "
+                f"set it to True to run."
+            )
+        if self._device is None or not self._engine_loaded:
+            raise popart_exception(
+                f"{what} called before the device was prepared; call session.prepareDevice() "
+                f"first."
+            )
+        return self._device
+
+    def run(self, stepio, debugName: str = "") -> None:  # noqa: N803
+        """Run one step: batchesPerStep batches, reading inputs and writing anchors (F48)."""
+        device = self._ready_device("run()")
+        if debugName:
+            _log.debug("run '%s'", debugName)
+        device.run(stepio)
+
+    def initAnchorArrays(self) -> dict[str, np.ndarray]:  # noqa: N802
+        """Zero-filled numpy arrays of the §4.2 shapes, one per anchor (F29)."""
+        return {
+            a.id: np.zeros(a.host_shape, dtype=a.info.dtype.numpy) for a in self._program.anchors
+        }
+
+    def getInfo(self, id: str) -> TensorInfo:  # noqa: N802,A002 - PopART's names
+        tensors = self._ir.main.tensors
+        if id not in tensors:
+            close = difflib.get_close_matches(id, list(tensors), n=3)
+            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise popart_exception(f"getInfo: no tensor '{id}' in the session's IR.{hint}")
+        return TensorInfo.from_ir(tensors[id].info)
+
+    def anchor_host_shape(self, anchor_id: str) -> tuple[int, ...]:
+        """The §4.2 host shape of an anchor (what initAnchorArrays allocates)."""
+        info = self._ir.main.tensor(anchor_id).info
+        return anchor_shape(self._data_flow.art(anchor_id), info.shape,
+                            self._data_flow.batchesPerStep(), self._accumulation_factor,
+                            self._replication_factor)
+
+    def setRandomSeed(self, seedValue: int) -> None:  # noqa: N802,N803
+        self._random_seed = int(seedValue)
+        if self._device is not None:
+            self._device.set_seed(self._random_seed)
+
+    def getSummaryReport(self, resetProfile: bool = True) -> str:  # noqa: N802,N803
+        graph = self._ir.main
+        return "\n".join([
+            f"{type(self).__name__} '{self.name}'",
+            f"  ops: {len(graph.ops)}, tensors: {len(graph.tensors)}, weights: "
+            f"{len(self._program.weights)}",
+            f"  batches per step: {self._data_flow.batchesPerStep()}, replication factor: "
+            f"{self._replication_factor}, accumulation factor: {self._accumulation_factor}",
+            # TODO(#6): execution profiles when engineOptions enable them.
+            "Execution profiling not enabled",
+        ])
+
+    def getCycleCount(self, id: str = "") -> int:  # noqa: N802,A002
+        # instrumentWithHardwareCycleCounter is rejected by check_buildable until issue #6
+        # builds the cycle model, so reaching here means it is off.
+        raise popart_exception(
+            "getCycleCount: the session was not built with cycle instrumentation; set "
+            "SessionOptions.instrumentWithHardwareCycleCounter = True (issue #6 builds it)."
+        )
+
+    # --- weights ------------------------------------------------------------------------------
+
+    def weightsFromHost(self) -> None:  # noqa: N802
+        """Copy the host weights to the device (F36)."""
+        device = self._ready_device("weightsFromHost()")
+        device.write_weights(self._host_weights)
+
+    def weightsToHost(self) -> None:  # noqa: N802
+        """Copy the device weights to the host copies (F37)."""
+        device = self._ready_device("weightsToHost()")
+        for tensor_id, value in device.read_weights(self._program.weights).items():
+            self._host_weights[tensor_id][...] = value
+
+    def readWeights(self, weightsIo: PyWeightsIO) -> None:  # noqa: N802,N803
+        """Host weights -> the user's arrays in ``weightsIo``."""
+        for tensor_id, array in self._weights_io_items(weightsIo, "readWeights"):
+            if not array.flags.writeable:
+                raise popart_exception(
+                    f"readWeights: the array for weight '{tensor_id}' is read-only."
+                )
+            array[...] = self._host_weights[tensor_id]
+
+    def writeWeights(self, weightsIo: PyWeightsIO) -> None:  # noqa: N802,N803
+        """The user's arrays in ``weightsIo`` -> host weights (then call weightsFromHost())."""
+        for tensor_id, array in self._weights_io_items(weightsIo, "writeWeights"):
+            self._host_weights[tensor_id][...] = array
+
+    def _weights_io_items(self, weights_io, what: str):
+        if not isinstance(weights_io, PyWeightsIO):
+            raise popart_exception(f"{what} needs a PyWeightsIO, not {type(weights_io).__name__}.")
+        items = []
+        for tensor_id, array in weights_io.weights.items():
+            if tensor_id not in self._host_weights:
+                raise popart_exception(
+                    f"{what}: '{tensor_id}' is not a weight of this session. "
+                    + self._weights_hint(tensor_id)
+                )
+            expected = self._host_weights[tensor_id]
+            if not isinstance(array, np.ndarray) or array.shape != expected.shape or (
+                array.dtype != expected.dtype
+            ):
+                given = (f"{array.dtype}{list(array.shape)}" if isinstance(array, np.ndarray)
+                         else type(array).__name__)
+                raise popart_exception(
+                    f"{what}: the array for weight '{tensor_id}' is {given}; the weight is "
+                    f"{expected.dtype}{list(expected.shape)}. PyWeightsIO arrays hold whole "
+                    f"weights."
+                )
+            items.append((tensor_id, array))
+        return items
+
+    def _weights_hint(self, tensor_id: str) -> str:
+        tensor = self._ir.main.tensors.get(tensor_id)
+        if tensor is not None and tensor.kind is TensorKind.CONST and self._constant_weights():
+            return ("It is a constant because SessionOptions.constantWeights is True; build the "
+                    "session with constantWeights = False to read or write it.")
+        close = difflib.get_close_matches(tensor_id, list(self._host_weights), n=3)
+        known = ", ".join(repr(c) for c in (close or sorted(self._host_weights)[:10]))
+        return f"Weights: {known}." if known else "The session has no weights."
+
+    def resetHostWeights(  # noqa: N802 - PopART's names
+        self,
+        modelProtoOrFilename,  # noqa: N803
+        ignoreWeightsInModelWithoutCorrespondingHostWeight: bool = False,  # noqa: N803
+    ) -> None:
+        """Replace the host weights by the initializers of another model (then weightsFromHost)."""
+        loaded = load_model(modelProtoOrFilename)
+        updates = {}
+        for init in loaded.proto.graph.initializer:
+            if init.name not in self._host_weights:
+                if ignoreWeightsInModelWithoutCorrespondingHostWeight:
+                    continue
+                raise popart_exception(
+                    f"resetHostWeights: the model has initializer '{init.name}', which is not a "
+                    f"weight of this session. Pass "
+                    f"ignoreWeightsInModelWithoutCorrespondingHostWeight=True to skip it."
+                )
+            value = initializer_value(init, loaded.base_dir)
+            expected = self._host_weights[init.name]
+            if value.shape != expected.shape or value.dtype != expected.dtype:
+                raise popart_exception(
+                    f"resetHostWeights: initializer '{init.name}' is {value.dtype}"
+                    f"{list(value.shape)}, the session's weight is {expected.dtype}"
+                    f"{list(expected.shape)}."
+                )
+            updates[init.name] = value
+        for tensor_id, value in updates.items():
+            self._host_weights[tensor_id][...] = value
+
+    def modelToHost(self, fn: str) -> None:
+        """Write the model with the device's current weights to ``fn`` (F51).
+
+        Initializers stored as external data are written to their data files next to ``fn``.
+        """
+        if self._device is not None and self._engine_loaded:
+            self.weightsToHost()
+        proto = onnx.ModelProto()
+        proto.CopyFrom(self._model.proto)
+        target_dir = Path(fn).resolve().parent
+        for init in proto.graph.initializer:
+            value = self._host_weights.get(init.name)
+            if value is None:
+                value = initializer_value(init, self._model.base_dir)
+            if init.data_location == onnx.TensorProto.EXTERNAL:
+                _write_external(init, value, target_dir)
+            else:
+                init.CopyFrom(numpy_helper.from_array(value, init.name))
+        with open(fn, "wb") as f:
+            f.write(proto.SerializeToString())
+
+
+def _write_external(init: onnx.TensorProto, value: np.ndarray, target_dir: Path) -> None:
+    """Write ``value`` into the external data file of ``init``, relative to ``target_dir``."""
+    info = {e.key: e.value for e in init.external_data}
+    path = target_dir / info["location"]
+    offset = int(info.get("offset", 0))
+    mode = "r+b" if path.exists() else "w+b"
+    with open(path, mode) as f:
+        f.seek(offset)
+        f.write(np.ascontiguousarray(value).tobytes())
+
+
+class InferenceSession(SessionBase):
+    """Run a forward graph on the simulated device (F5).
+
+    ``InferenceSession(fnModel, dataFlow, deviceInfo, inputShapeInfo=InputShapeInfo(),
+    patterns=None, userOptions=SessionOptions(), name="inference")``
+    """
+
+    _training = False
+
+    def __init__(self, fnModel, dataFlow, deviceInfo,  # noqa: N803
+                 inputShapeInfo: InputShapeInfo | None = None, patterns=None,  # noqa: N803
+                 userOptions: SessionOptions | None = None, name: str = "inference"):  # noqa: N803
+        super().__init__(
+            fnModel, dataFlow, deviceInfo,
+            InputShapeInfo() if inputShapeInfo is None else inputShapeInfo,
+            patterns,
+            SessionOptions() if userOptions is None else userOptions,
+            name,
+        )
+
+    def _constant_weights(self) -> bool:
+        return self._options.constantWeights
+
+    def _passes(self) -> list:
+        return inference_passes(self._options)
+
+    def _check_mode_options(self, options: SessionOptions) -> None:
+        if options.enableGradientAccumulation:
+            raise popart_exception("Gradient Accumulation only available when training.")
+
+    def resetHostWeights(  # noqa: N802 - PopART's names
+        self,
+        modelProtoOrFilename,  # noqa: N803
+        ignoreWeightsInModelWithoutCorrespondingHostWeight: bool = False,  # noqa: N803
+    ) -> None:
+        if self._options.constantWeights:
+            raise popart_exception("Cannot call resetHostWeights when constantWeights is set")
+        super().resetHostWeights(modelProtoOrFilename,
+                                 ignoreWeightsInModelWithoutCorrespondingHostWeight)
+

@@ -2,12 +2,12 @@
 
 from .graph import Graph
 from .ir import Ir
-from .op import NoAttrs, Op, OpSettings, RecomputeType
+from .op import ExecutionContext, NoAttrs, Op, OpSettings, RecomputeType
 from .printer import format_graph, format_op
 from .tensor import Tensor, TensorInfo, TensorKind
 from .verify import verify
 
 __all__ = [
-    "Graph", "Ir", "NoAttrs", "Op", "OpSettings", "RecomputeType", "Tensor", "TensorInfo",
+    "ExecutionContext", "Graph", "Ir", "NoAttrs", "Op", "OpSettings", "RecomputeType", "Tensor", "TensorInfo",
     "TensorKind", "format_graph", "format_op", "verify",
 ]

@@ -24,6 +24,8 @@ class Graph:
         self.inputs: list[str] = []
         self.outputs: list[str] = []
         self._next_op_id = 0
+        # Scheduling constraints beyond data edges: op id -> ids of ops that must run before it.
+        self.constraints: dict[int, set[int]] = {}
 
     # --- tensors ------------------------------------------------------------------------------
 
@@ -108,7 +110,25 @@ class Graph:
             if t is not None:
                 t.consumers.append(op)
         self.ops[op.id] = op
+        for index in op.modifies_inputs:
+            tensor = op.inputs[index] if index < len(op.inputs) else None
+            if tensor is not None:
+                for reader in tensor.consumers:
+                    if reader is not op:
+                        self.add_constraint(reader, op)
+        for t in op.inputs:
+            # A later reader of a tensor some op modifies in place must read it before.
+            if t is not None:
+                for writer in t.consumers:
+                    if writer is not op and _modifies(writer, t):
+                        self.add_constraint(op, writer)
         return op
+
+    def add_constraint(self, before: Op, after: Op) -> None:
+        """Schedule ``before`` ahead of ``after`` even without a data edge between them."""
+        if before.id == after.id:
+            raise popart_internal_exception(f"{before.debug_name} cannot be scheduled before itself.")
+        self.constraints.setdefault(after.id, set()).add(before.id)
 
     def _infer(self, op: Op) -> list[TensorInfo]:
         try:
@@ -133,6 +153,9 @@ class Graph:
             if t is not None:
                 t.producer = None
         del self.ops[op.id]
+        self.constraints.pop(op.id, None)
+        for before in self.constraints.values():
+            before.discard(op.id)
 
     def replace_all_uses(self, old: Tensor, new: Tensor) -> None:
         """Make every consumer of ``old`` (and the graph outputs) read ``new`` instead."""
@@ -146,8 +169,15 @@ class Graph:
 
     def topo_order(self) -> list[Op]:
         """Ops in a topological order, stable by op id (creation order breaks ties)."""
-        pending = {op.id: sum(1 for t in op.inputs if t is not None and t.producer is not None)
-                   for op in self.ops.values()}
+        pending = {
+            op.id: sum(1 for t in op.inputs if t is not None and t.producer is not None)
+            + len(self.constraints.get(op.id, ()))
+            for op in self.ops.values()
+        }
+        after: dict[int, list[int]] = {}
+        for later, befores in self.constraints.items():
+            for before in befores:
+                after.setdefault(before, []).append(later)
         ready = [op_id for op_id, n in pending.items() if n == 0]
         heapq.heapify(ready)
         order = []
@@ -162,6 +192,10 @@ class Graph:
                     pending[consumer.id] -= 1
                     if pending[consumer.id] == 0:
                         heapq.heappush(ready, consumer.id)
+            for later in after.get(op.id, ()):
+                pending[later] -= 1
+                if pending[later] == 0:
+                    heapq.heappush(ready, later)
         if len(order) != len(self.ops):
             stuck = [self.ops[i].debug_name for i, n in pending.items() if n > 0][:5]
             raise popart_exception(f"Graph '{self.id}' has a cycle through ops {stuck}.")
@@ -169,6 +203,10 @@ class Graph:
 
     def ops_of_type(self, op_type: str) -> Iterable[Op]:
         return (op for op in self.ops.values() if op.op_type == op_type)
+
+
+def _modifies(op: Op, tensor: Tensor) -> bool:
+    return any(i < len(op.inputs) and op.inputs[i] is tensor for i in op.modifies_inputs)
 
 
 def _suggest(name: str, known: Iterable[str]) -> str:

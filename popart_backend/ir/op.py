@@ -29,6 +29,19 @@ class RecomputeType(enum.Enum):
     Recomputed = 3
 
 
+class ExecutionContext(enum.Enum):
+    """Which fragment of the program runs an op (PopART's execution contexts).
+
+    ``Normal`` ops run once per micro-batch; ``AccumulateOuterFragment`` ops run once per weight
+    update, after the accumulation factor's micro-batches (optimizer steps with accumulation).
+    """
+
+    Normal = 0
+    AccumulateOuterFragment = 1
+    WeightsFromHostFragment = 2
+    OptimizerFromHostFragment = 3
+
+
 @dataclass(frozen=True)
 class OpSettings:
     """Where an op runs and what it is called. Frozen: change it with ``dataclasses.replace``."""
@@ -42,6 +55,7 @@ class OpSettings:
     schedule_priority: float = 0.0
     # Source location of the user code that created the op (the frontend fills it).
     source: str = ""
+    execution_context: ExecutionContext = ExecutionContext.Normal
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,9 @@ class Op:
     const_inputs: ClassVar[tuple[int, ...]] = ()
     # False for ops whose result must not be computed at compile time (random ops).
     foldable: ClassVar[bool] = True
+    # Inputs the kernel writes in place (variable updates, accumulators). The scheduler runs
+    # such an op after every other reader of those inputs (Graph.add_op adds the constraints).
+    modifies_inputs: ClassVar[tuple[int, ...]] = ()
 
     def __init__(self, attrs=None, settings: OpSettings | None = None, version: int | None = None):
         self.attrs = attrs if attrs is not None else self.Attrs()

@@ -1,0 +1,113 @@
+"""Lowering: the session's Ir plus its data flow -> a ``Program`` the simulated device executes.
+
+A Program names everything the device needs and nothing about how the IR was built: the
+schedule of the main graph, the host input streams read every micro-batch, the anchor streams
+written back (with the §4.2 arithmetic already applied), the weights, and the loop counts of
+one ``run()`` (batches per step × accumulation factor × local replicas, in that nesting).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..dataflow import (
+    AnchorReturnType,
+    DataFlow,
+    anchor_fetches_per_run,
+    anchor_shape,
+)
+from ..errors import popart_internal_exception
+from ..ir.graph import Graph
+from ..ir.ir import Ir
+from ..ir.op import Op
+from ..ir.tensor import TensorInfo, TensorKind
+
+
+@dataclass(frozen=True)
+class InputStream:
+    """A host tensor fed once per micro-batch per replica (``[mb, *S]`` each time)."""
+
+    id: str
+    info: TensorInfo
+
+
+@dataclass(frozen=True)
+class AnchorStream:
+    """A tensor returned to the host, with its return type and per-run chunk count."""
+
+    id: str
+    info: TensorInfo
+    art: AnchorReturnType
+    fetches_per_run: int  # nelms(T) chunks one run writes, all replicas together
+    host_shape: tuple[int, ...]  # initAnchorArrays() shape
+
+
+@dataclass
+class Program:
+    """What one session runs on the simulated device."""
+
+    graph: Graph
+    schedule: list[Op]
+    inputs: list[InputStream]
+    # Model inputs nothing reads (e.g. only their shape was used and got folded): a buffer
+    # given for them is ignored with a warning (spec §4.1).
+    unused_inputs: frozenset[str]
+    anchors: list[AnchorStream]
+    weights: list[str]  # VARIABLE tensors (device-resident, host-visible)
+    batches_per_step: int
+    accumulation_factor: int
+    replication_factor: int
+    ipus_per_replica: int
+
+    @property
+    def micro_batches_per_run(self) -> int:
+        return self.batches_per_step * self.accumulation_factor * self.replication_factor
+
+
+def lower(ir: Ir, data_flow: DataFlow, replication_factor: int = 1,
+          accumulation_factor: int = 1) -> Program:
+    """Build the Program of ``ir``'s main graph for ``data_flow``."""
+    graph = ir.main
+    bps = data_flow.batchesPerStep()
+    anchors = []
+    for anchor_id in data_flow.anchors():
+        tensor = graph.tensors.get(anchor_id)
+        if tensor is None:
+            # The session checked anchors on the imported graph; a pass must keep them.
+            raise popart_internal_exception(
+                f"Anchor '{anchor_id}' disappeared from the IR during the passes; passes must "
+                f"keep every tensor listed in ir.anchors."
+            )
+        art = data_flow.art(anchor_id)
+        anchors.append(AnchorStream(
+            id=anchor_id,
+            info=tensor.info,
+            art=art,
+            fetches_per_run=anchor_fetches_per_run(art, bps, accumulation_factor,
+                                                   replication_factor),
+            host_shape=anchor_shape(art, tensor.info.shape, bps, accumulation_factor,
+                                    replication_factor),
+        ))
+    anchored = {a.id for a in anchors}
+    inputs, unused = [], set()
+    for tensor_id in graph.inputs:
+        tensor = graph.tensors[tensor_id]
+        if tensor.kind is not TensorKind.STREAM:
+            continue
+        if tensor.consumers or tensor_id in anchored:
+            inputs.append(InputStream(tensor_id, tensor.info))
+        else:
+            unused.add(tensor_id)
+    weights = [t.id for t in graph.tensors.values() if t.kind is TensorKind.VARIABLE]
+    return Program(
+        graph=graph,
+        schedule=graph.topo_order(),
+        inputs=inputs,
+        unused_inputs=frozenset(unused),
+        anchors=anchors,
+        weights=weights,
+        batches_per_step=bps,
+        accumulation_factor=accumulation_factor,
+        replication_factor=replication_factor,
+        ipus_per_replica=1,  # TODO(#5): virtual graphs place a replica on several IPUs
+    )

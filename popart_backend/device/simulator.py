@@ -1,0 +1,352 @@
+"""The simulated device: executes a ``Program`` with host step IO (spec §4.1, §4.2).
+
+Built once at ``prepareDevice()``: the execution plan (DESIGN decision 9) and, per micro-batch
+of a run, the list of anchor writes it performs, so ``run()`` is a loop over micro-batches that
+binds input chunks to slots, executes the plan and copies anchor values into host arrays.
+
+Micro-batch ``k = (b·af + a)·rf + r`` runs batch b, accumulation step a on local replica r; it
+reads chunk k of every input array. Replicas share the inference weights, so they execute the
+same plan one after the other.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+
+import numpy as np
+import torch
+
+from ..dataflow import AnchorReturnTypeId, PyStepIO, PyStepIOCallback, anchor_fetch_index
+from ..errors import StepIOError
+from .lower import AnchorStream, InputStream, Program
+from .plan import ExecutionPlan
+
+_log = logging.getLogger("popart:devicex")
+
+# Anchor write kinds, per micro-batch.
+_COPY = 0  # copy the value into the host chunk
+_ACC_SET = 1  # first micro-batch of a Sum: start the accumulator
+_ACC_ADD = 2  # add to the accumulator
+_ACC_FLUSH = 3  # add, then copy the accumulator into the host chunk
+
+
+class SimulatedDevice:
+    """One compiled Program, ready to run. ``synthetic`` is 'off', 'zeros' or 'random_normal'."""
+
+    def __init__(self, program: Program, synthetic: str = "off", seed: int = 0):
+        self.program = program
+        self.synthetic = synthetic
+        self.plan = ExecutionPlan(program.graph, keep=[a.id for a in program.anchors],
+                                  order=program.schedule)
+        self._input_slots = [self.plan.slot[i.id] for i in program.inputs]
+        self._generator = torch.Generator()
+        self._generator.manual_seed(seed)
+        self._zero_inputs = [
+            torch.zeros(i.info.shape, dtype=i.info.dtype.torch) for i in program.inputs
+        ]
+        self._actions, self._accumulators = self._anchor_actions()
+
+    # --- compile-time tables ------------------------------------------------------------------
+
+    def _anchor_actions(self):
+        """Per micro-batch k: tuple of (kind, source slot, anchor index, host chunk index)."""
+        p = self.program
+        bps, af, rf = p.batches_per_step, p.accumulation_factor, p.replication_factor
+        per_replica = bps * af
+        actions: list[list[tuple]] = [[] for _ in range(p.micro_batches_per_run)]
+        accumulators: list[list[torch.Tensor] | None] = []
+        for index, anchor in enumerate(p.anchors):
+            source = self.plan.slot[anchor.id]
+            is_sum = anchor.art.id() is AnchorReturnTypeId.Sum
+            accumulators.append(
+                [torch.zeros(anchor.info.shape, dtype=anchor.info.dtype.torch) for _ in range(rf)]
+                if is_sum and per_replica > 1 else None
+            )
+            for b in range(bps):
+                for a in range(af):
+                    for r in range(rf):
+                        k = (b * af + a) * rf + r
+                        j = anchor_fetch_index(anchor.art, b, a, r, bps, af, rf)
+                        if j is None:
+                            continue
+                        if is_sum and per_replica > 1:
+                            step = b * af + a
+                            kind = (_ACC_SET if step == 0
+                                    else _ACC_FLUSH if step == per_replica - 1 else _ACC_ADD)
+                        else:
+                            kind = _COPY
+                        actions[k].append((kind, source, index, j))
+        return [tuple(a) for a in actions], accumulators
+
+    # --- weights ------------------------------------------------------------------------------
+
+    def write_weights(self, values: dict[str, np.ndarray]) -> None:
+        """Host -> device for the given weights (shapes and dtypes already checked)."""
+        with torch.no_grad():
+            for tensor_id, array in values.items():
+                self.plan.get_value(tensor_id).copy_(torch.from_numpy(np.ascontiguousarray(array)))
+
+    def read_weights(self, ids) -> dict[str, np.ndarray]:
+        """Device -> host copies of the given weights."""
+        return {tensor_id: self.plan.get_value(tensor_id).numpy().copy() for tensor_id in ids}
+
+    def set_seed(self, seed: int) -> None:
+        self._generator.manual_seed(seed)
+
+    # --- running ------------------------------------------------------------------------------
+
+    def run(self, stepio) -> None:
+        """Execute bps × af × rf micro-batches, reading and writing ``stepio``."""
+        if isinstance(stepio, PyStepIOCallback):
+            self._run_callbacks(stepio)
+        elif isinstance(stepio, PyStepIO):
+            self._run_arrays(stepio)
+        else:
+            raise StepIOError(
+                f"run() needs a PyStepIO or PyStepIOCallback, got {type(stepio).__name__}."
+            )
+
+    def _synthetic_feeds(self) -> list[list[torch.Tensor]] | None:
+        total = self.program.micro_batches_per_run
+        if self.synthetic == "zeros":
+            return [[zero] * total for zero in self._zero_inputs]
+        if self.synthetic == "random_normal":
+            feeds = []
+            for stream in self.program.inputs:
+                values = torch.randn((total, *stream.info.shape), generator=self._generator)
+                feeds.append(values.to(stream.info.dtype.torch).unbind(0))
+            return feeds
+        return None
+
+    def _run_arrays(self, stepio: PyStepIO) -> None:
+        p = self.program
+        total = p.micro_batches_per_run
+        feeds = self._synthetic_feeds()
+        in_offsets = {}
+        if feeds is None:
+            feeds, in_offsets = _bind_inputs(p, stepio)
+        destinations, out_offsets = _bind_outputs(p, stepio)
+
+        slots_feeds = list(zip(self._input_slots, feeds))
+        actions = self._actions
+        accumulators = self._accumulators
+        values = self.plan.values
+        execute = self.plan.execute_in_no_grad
+        with torch.inference_mode(False), torch.no_grad():
+            for k in range(total):
+                for slot, chunks in slots_feeds:
+                    values[slot] = chunks[k]
+                execute()
+                for kind, source, index, j in actions[k]:
+                    value = values[source]
+                    if kind == _COPY:
+                        destinations[index][j].copy_(value)
+                    elif kind == _ACC_SET:
+                        accumulators[index][j].copy_(value)
+                    elif kind == _ACC_ADD:
+                        accumulators[index][j].add_(value)
+                    else:
+                        accumulator = accumulators[index][j]
+                        accumulator.add_(value)
+                        destinations[index][j].copy_(accumulator)
+        # Offsets move only after a complete run, so a failed run leaves the step IO as it was.
+        stepio.input_offsets.update(in_offsets)
+        stepio.output_offsets.update(out_offsets)
+
+    def _run_callbacks(self, stepio: PyStepIOCallback) -> None:
+        p = self.program
+        feeds = self._synthetic_feeds()
+        accumulators = self._accumulators
+        values = self.plan.values
+        execute = self.plan.execute_in_no_grad
+        with torch.inference_mode(False), torch.no_grad():
+            for k in range(p.micro_batches_per_run):
+                if feeds is None:
+                    for slot, stream in zip(self._input_slots, p.inputs):
+                        array = stepio.input_callback(stream.id, False)
+                        values[slot] = _callback_input(stream, array)
+                else:
+                    for slot, chunks in zip(self._input_slots, feeds):
+                        values[slot] = chunks[k]
+                execute()
+                if feeds is None:
+                    for stream in p.inputs:
+                        stepio.input_complete_callback(stream.id)
+                for kind, source, index, j in self._actions[k]:
+                    value = values[source]
+                    if kind == _ACC_SET:
+                        accumulators[index][j].copy_(value)
+                        continue
+                    if kind == _ACC_ADD:
+                        accumulators[index][j].add_(value)
+                        continue
+                    if kind == _ACC_FLUSH:
+                        accumulators[index][j].add_(value)
+                        value = accumulators[index][j]
+                    anchor = p.anchors[index]
+                    array = stepio.output_callback(anchor.id)
+                    _callback_output(anchor, array).copy_(value)
+                    stepio.output_complete_callback(anchor.id)
+
+
+# --- binding PyStepIO arrays ------------------------------------------------------------------
+
+
+def _hint_lines(p: Program, nelms: int, anchor: AnchorStream | None = None) -> str:
+    lines = [
+        "To disable this check at your own risk, use IStepIO::enableRuntimeAsserts.",
+        f"  replication factor: {p.replication_factor}",
+        f"  accumulation factor: {p.accumulation_factor}",
+        f"  batches per step: {p.batches_per_step}",
+        f"  tensor nelms: {nelms}",
+    ]
+    if anchor is not None:
+        lines.append(f"  anchor return type: {anchor.art.id().name}")
+        if anchor.art.id() is AnchorReturnTypeId.EveryN:
+            lines.append(f"  anchor return period: {anchor.art.rp()}")
+    return "\n".join(lines)
+
+
+def _check_array(kind: str, tensor_id: str, array, info) -> None:
+    if not isinstance(array, np.ndarray):
+        raise StepIOError(
+            f"PyStepIO's {kind} for tensor '{tensor_id}' is a {type(array).__name__}; give a "
+            f"numpy array of dtype {info.dtype.numpy}."
+        )
+    if array.dtype != info.dtype.numpy:
+        raise StepIOError(
+            f"Type discrepancy for tensor '{tensor_id}': PyStepIO's {kind} hold a numpy array of "
+            f"dtype {array.dtype}, but the model expects {info.dtype.numpy} ({info.dtype.name}). "
+            f"Convert it with .astype(np.{info.dtype.numpy})."
+        )
+
+
+def _bind_inputs(p: Program, stepio: PyStepIO):
+    """Per input, the tensor of each micro-batch of this run (zero-copy views of the user data)."""
+    total = p.micro_batches_per_run
+    required = {s.id for s in p.inputs}
+    for tensor_id in stepio.inputs:
+        if tensor_id in required:
+            continue
+        if tensor_id in p.unused_inputs:
+            _log.warning("Input '%s' is not used by the model (its uses were folded into "
+                         "constants); its PyStepIO buffer is ignored.", tensor_id)
+            continue
+        raise StepIOError(
+            f"PyStepIO's inputs has tensor '{tensor_id}', which is not an input of the model. "
+            f"Model inputs: {sorted(required | p.unused_inputs)}." + _suggest(tensor_id, required)
+        )
+    feeds, offsets = [], {}
+    for stream in p.inputs:
+        if stream.id not in stepio.inputs:
+            raise StepIOError(f"No tensor {stream.id} provided in PyStepIO's inputs")
+        array = stepio.inputs[stream.id]
+        _check_array("inputs", stream.id, array, stream.info)
+        nelms = stream.info.nelms
+        expected = nelms * total
+        if stepio.runtime_asserts and array.size != expected:
+            raise StepIOError(
+                f"Unexpected number of input elements for Tensor {stream.id}. Expected "
+                f"{expected}, but received {array.size}.\n" + _hint_lines(p, nelms)
+            )
+        chunks, offsets[stream.id] = _chunks(
+            "inputs", stream.id, array, stream.info, total,
+            stepio.input_offsets.get(stream.id, 0), writable=False)
+        feeds.append(chunks)
+    return feeds, offsets
+
+
+def _bind_outputs(p: Program, stepio: PyStepIO):
+    """Per anchor, the host chunks (torch views into the user's arrays) this run writes."""
+    anchored = {a.id for a in p.anchors}
+    for tensor_id in stepio.outputs:
+        if tensor_id not in anchored:
+            raise StepIOError(
+                f"PyStepIO's outputs has tensor '{tensor_id}', which is not an anchor. Anchors: "
+                f"{sorted(anchored)}." + _suggest(tensor_id, anchored)
+            )
+    destinations, offsets = [], {}
+    for anchor in p.anchors:
+        if anchor.id not in stepio.outputs:
+            raise StepIOError(f"No tensor {anchor.id} provided in PyStepIO's outputs")
+        array = stepio.outputs[anchor.id]
+        _check_array("outputs", anchor.id, array, anchor.info)
+        if not (array.flags.c_contiguous and array.flags.writeable):
+            raise StepIOError(
+                f"PyStepIO's output array for anchor '{anchor.id}' must be C-contiguous and "
+                f"writeable, so results can be written into it; allocate it with "
+                f"session.initAnchorArrays() or np.empty."
+            )
+        nelms = anchor.info.nelms
+        expected = nelms * anchor.fetches_per_run
+        if stepio.runtime_asserts and array.size != expected:
+            raise StepIOError(
+                f"Unexpected number of output elements for Tensor {anchor.id}. Expected "
+                f"{expected}, but received {array.size}.\n" + _hint_lines(p, nelms, anchor)
+            )
+        chunks, offsets[anchor.id] = _chunks(
+            "outputs", anchor.id, array, anchor.info, anchor.fetches_per_run,
+            stepio.output_offsets.get(anchor.id, 0), writable=True)
+        destinations.append(chunks)
+    return destinations, offsets
+
+
+def _chunks(kind: str, tensor_id: str, array: np.ndarray, info, count: int, offset: int,
+            writable: bool):
+    """``count`` consecutive ``nelms(T)`` chunks of ``array`` from element ``offset``, wrapping.
+
+    Returns the chunk views (shape T) and the element offset after them.
+    """
+    shape, nelms = info.shape, info.nelms
+    if nelms == 0:
+        return [torch.empty(shape, dtype=info.dtype.torch)] * count, 0
+    num_chunks, remainder = divmod(array.size, nelms)
+    if num_chunks == 0 or remainder:
+        raise StepIOError(
+            f"PyStepIO's {kind} array for tensor '{tensor_id}' holds {array.size} elements, not a "
+            f"whole number of {nelms}-element micro-batch chunks; it cannot be read in chunks "
+            f"even with runtime asserts disabled."
+        )
+    if not writable and not (array.flags.c_contiguous and array.flags.writeable):
+        # Non-contiguous or read-only data gets one host copy; the user's array is untouched.
+        array = np.array(array, order="C", copy=True)
+    whole = torch.from_numpy(array.reshape(-1)).view(num_chunks, *shape).unbind(0)
+    start = offset // nelms
+    if start == 0 and num_chunks == count:
+        return whole, 0
+    chunks = [whole[(start + i) % num_chunks] for i in range(count)]
+    return chunks, ((start + count) % num_chunks) * nelms
+
+
+def _callback_input(stream: InputStream, array) -> torch.Tensor:
+    _check_array("input_callback result", stream.id, array, stream.info)
+    if array.size != stream.info.nelms:
+        raise StepIOError(
+            f"input_callback('{stream.id}') returned {array.size} elements, the tensor has "
+            f"{stream.info.nelms} ({stream.info}); return one micro-batch of shape "
+            f"{list(stream.info.shape)}."
+        )
+    if not (array.flags.c_contiguous and array.flags.writeable):
+        array = np.array(array, order="C", copy=True)
+    return torch.from_numpy(array).view(stream.info.shape)
+
+
+def _callback_output(anchor: AnchorStream, array) -> torch.Tensor:
+    _check_array("output_callback result", anchor.id, array, anchor.info)
+    if array.size != anchor.info.nelms:
+        raise StepIOError(
+            f"output_callback('{anchor.id}') returned an array of {array.size} elements, the "
+            f"anchor has {anchor.info.nelms} ({anchor.info}) per micro-batch."
+        )
+    if not (array.flags.c_contiguous and array.flags.writeable):
+        raise StepIOError(
+            f"output_callback('{anchor.id}') must return a C-contiguous writeable array."
+        )
+    return torch.from_numpy(array).view(anchor.info.shape)
+
+
+def _suggest(name: str, known) -> str:
+    close = difflib.get_close_matches(name, list(known), n=3)
+    return f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
