@@ -65,6 +65,17 @@ class TensorKind(enum.Enum):
     ACT_GRAD = "actgrad"  # produced by an op
 
 
+class TensorRole(enum.Enum):
+    """What a VARIABLE holds; decides which host IO and settings apply (docs/training.md)."""
+
+    WEIGHT = "weight"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACCUMULATOR = "accumulator"
+    OPTIMIZER_PARAM = "optimizer_param"  # non-const hyper-parameter, set by the host
+    RUNNING_STAT = "running_stat"  # e.g. BatchNorm running mean/var: variable, not trained
+    STEP = "step"  # counters
+
+
 class Tensor:
     """A tensor of a Graph. Only Graph methods change ``producer`` and ``consumers``."""
 
@@ -79,6 +90,7 @@ class Tensor:
         self.data: np.ndarray | None = data
         self.producer: Op | None = None
         self.consumers: list[Op] = []
+        self.role: TensorRole | None = TensorRole.WEIGHT if kind is TensorKind.VARIABLE else None
 
     @property
     def is_const(self) -> bool:
