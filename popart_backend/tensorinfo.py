@@ -1,3 +1,263 @@
-"""Placeholder: filled by the foundation issue (#2)."""
+"""The public ``TensorInfo``, ``InputShapeInfo`` and ``InputSettings`` of spec §3.3, F7, F13, F102.
 
-__all__: list[str] = []
+The IR works with the frozen ``popart_backend.ir.TensorInfo``; the public class here is PopART's
+method-style view of the same thing (``shape()``, ``data_type()`` ...) and converts both ways
+with ``to_ir()`` / ``from_ir()``. ``TileSet`` and ``ExchangeStrategy`` (spec §9) live here
+because ``InputSettings`` is their first user; the data-flow module imports them from here.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from .dtypes import DataType
+from .errors import popart_exception
+from .ir.tensor import TensorInfo as IrTensorInfo
+
+__all__ = [
+    "ExchangeStrategy",
+    "InputSettings",
+    "InputShapeInfo",
+    "TensorInfo",
+    "TileSet",
+]
+
+
+class TileSet(enum.Enum):
+    """Which tiles of an IPU a tensor is streamed to (spec §9, F100)."""
+
+    Compute = 0
+    IO = 1
+
+
+class ExchangeStrategy(enum.Enum):
+    """When host data is exchanged relative to compute (spec §9, F104)."""
+
+    JustInTime = 0
+    OverlapInnerLoop = 1
+    OverlapLoops = 2
+    OverlapStep = 3
+
+
+def _data_type(dtype) -> DataType:
+    if isinstance(dtype, DataType):
+        return dtype
+    if isinstance(dtype, str):
+        return DataType.from_string(dtype)
+    if isinstance(dtype, (np.dtype, type)):
+        return DataType.from_numpy(dtype)
+    raise popart_exception(
+        f"TensorInfo: data type must be a string like 'FLOAT' or 'float32', a DataType or a numpy "
+        f"dtype, not {type(dtype).__name__} {dtype!r}."
+    )
+
+
+def _shape(shape) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        raise popart_exception(
+            f"TensorInfo: shape must be a list of integers, not {shape!r}."
+        ) from None
+    negative = [d for d in dims if d < 0]
+    if negative:
+        raise popart_exception(
+            f"TensorInfo: shape {list(dims)} has negative dimensions; shapes on the simulated IPU "
+            f"are static, give every dimension."
+        )
+    return dims
+
+
+class TensorInfo:
+    """Element type and shape of a tensor (F13).
+
+    ``TensorInfo("FLOAT", [2, 3])``, ``TensorInfo("float32", (2, 3))``,
+    ``TensorInfo(DataType.FLOAT, [2, 3])`` or ``TensorInfo(array)``.
+    """
+
+    __slots__ = ("_info",)
+
+    def __init__(self, dtype_or_array, shape: Iterable[int] | None = None):
+        if shape is None:
+            if isinstance(dtype_or_array, IrTensorInfo):
+                self._info = dtype_or_array
+                return
+            if isinstance(dtype_or_array, TensorInfo):
+                self._info = dtype_or_array._info
+                return
+            if not isinstance(dtype_or_array, (np.ndarray, np.generic)):
+                raise popart_exception(
+                    f"TensorInfo({dtype_or_array!r}): give a data type and a shape, e.g. "
+                    f"TensorInfo('FLOAT', [2, 3]), or a numpy array."
+                )
+            array = np.asarray(dtype_or_array)
+            self._info = IrTensorInfo(DataType.from_numpy(array.dtype), array.shape)
+            return
+        self._info = IrTensorInfo(_data_type(dtype_or_array), _shape(shape))
+
+    @classmethod
+    def from_ir(cls, info: IrTensorInfo) -> "TensorInfo":
+        return cls(info)
+
+    def to_ir(self) -> IrTensorInfo:
+        return self._info
+
+    @property
+    def dtype(self) -> DataType:
+        return self._info.dtype
+
+    def shape(self) -> list[int]:
+        return list(self._info.shape)
+
+    def data_type(self) -> str:
+        """Upper-case PopART name, e.g. ``"FLOAT"``."""
+        return self._info.dtype.name
+
+    def data_type_lcase(self) -> str:
+        """numpy-style lower-case name, e.g. ``"float32"``."""
+        return self._info.dtype.lcase
+
+    def nelms(self) -> int:
+        return self._info.nelms
+
+    def nbytes(self) -> int:
+        return self._info.num_bytes
+
+    def rank(self) -> int:
+        return self._info.rank
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, TensorInfo):
+            return self._info == other._info
+        if isinstance(other, IrTensorInfo):
+            return self._info == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._info)
+
+    def __repr__(self) -> str:
+        return f"TensorInfo('{self.data_type()}', {self.shape()})"
+
+    __str__ = __repr__
+
+
+class InputShapeInfo:
+    """Shapes for model inputs whose ONNX shape is missing or symbolic (F7)."""
+
+    def __init__(self):
+        self._infos: dict[str, TensorInfo] = {}
+
+    def add(self, tensor_id: str, info: TensorInfo) -> None:
+        if isinstance(info, IrTensorInfo):
+            info = TensorInfo.from_ir(info)
+        if not isinstance(info, TensorInfo):
+            raise popart_exception(
+                f"InputShapeInfo.add('{tensor_id}', ...): expected a TensorInfo, got "
+                f"{type(info).__name__}."
+            )
+        self._infos[tensor_id] = info
+
+    def get(self, tensor_id: str) -> TensorInfo:
+        try:
+            return self._infos[tensor_id]
+        except KeyError:
+            raise popart_exception(
+                f"InputShapeInfo has no entry for '{tensor_id}'; it has {sorted(self._infos)}."
+            ) from None
+
+    def has(self, tensor_id: str) -> bool:
+        return tensor_id in self._infos
+
+    def getAllTensorInfo(self) -> dict[str, TensorInfo]:  # noqa: N802 - PopART's name
+        return dict(self._infos)
+
+    def to_ir(self) -> dict[str, IrTensorInfo]:
+        """The mapping ``onnx_import.import_model`` takes as ``input_shape_info``."""
+        return {name: info.to_ir() for name, info in self._infos.items()}
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._infos)
+
+    def __repr__(self) -> str:
+        return f"InputShapeInfo({self._infos!r})"
+
+
+class InputSettings:
+    """How one host input is streamed to the device (F102)."""
+
+    __slots__ = ("_tile_set", "_exchange_strategy")
+
+    def __init__(
+        self,
+        tileSet: TileSet = TileSet.Compute,  # noqa: N803 - PopART's keyword
+        exchangeStrategy: ExchangeStrategy = ExchangeStrategy.JustInTime,  # noqa: N803
+    ):
+        if not isinstance(tileSet, TileSet):
+            raise popart_exception(
+                f"InputSettings: tileSet must be a TileSet (Compute or IO), not {tileSet!r}."
+            )
+        if not isinstance(exchangeStrategy, ExchangeStrategy):
+            raise popart_exception(
+                f"InputSettings: exchangeStrategy must be an ExchangeStrategy, not "
+                f"{exchangeStrategy!r}."
+            )
+        self._tile_set = tileSet
+        self._exchange_strategy = exchangeStrategy
+
+    def tileSet(self) -> TileSet:  # noqa: N802
+        return self._tile_set
+
+    def exchangeStrategy(self) -> ExchangeStrategy:  # noqa: N802
+        return self._exchange_strategy
+
+    def is_default(self) -> bool:
+        return (self._tile_set is TileSet.Compute
+                and self._exchange_strategy is ExchangeStrategy.JustInTime)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, InputSettings):
+            return NotImplemented
+        return (self._tile_set, self._exchange_strategy) == (
+            other._tile_set, other._exchange_strategy)
+
+    def __hash__(self) -> int:
+        return hash((self._tile_set, self._exchange_strategy))
+
+    def __repr__(self) -> str:
+        return (f"InputSettings(TileSet.{self._tile_set.name}, "
+                f"ExchangeStrategy.{self._exchange_strategy.name})")
+
+
+# InputSettings travel inside the ModelProto (the session only sees the model), as model
+# metadata entries "__input_settings:<tensor id>" -> "<TileSet>,<ExchangeStrategy>".
+INPUT_SETTINGS_KEY_PREFIX = "__input_settings:"
+
+
+def encode_input_settings(settings: InputSettings) -> str:
+    return f"{settings.tileSet().name},{settings.exchangeStrategy().name}"
+
+
+def input_settings_from_model(model) -> dict[str, InputSettings]:
+    """The non-default InputSettings the Builder recorded in an ``onnx.ModelProto``."""
+    result = {}
+    for prop in model.metadata_props:
+        if not prop.key.startswith(INPUT_SETTINGS_KEY_PREFIX):
+            continue
+        tensor_id = prop.key[len(INPUT_SETTINGS_KEY_PREFIX):]
+        tile_set, _, strategy = prop.value.partition(",")
+        if tile_set not in TileSet.__members__ or strategy not in ExchangeStrategy.__members__:
+            raise popart_exception(
+                f"Model metadata '{prop.key}' = '{prop.value}' is not "
+                f"'<TileSet>,<ExchangeStrategy>' "
+                f"(TileSet: {list(TileSet.__members__)}, ExchangeStrategy: "
+                f"{list(ExchangeStrategy.__members__)})."
+            )
+        result[tensor_id] = InputSettings(TileSet[tile_set], ExchangeStrategy[strategy])
+    return result
