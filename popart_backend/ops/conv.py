@@ -1,0 +1,311 @@
+"""Convolutions: Conv and ConvTranspose over 1, 2 or 3 spatial dims, plus the padding rules
+(explicit pads, auto_pad, ceil mode) that the pooling ops share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+
+from ..errors import ShapeError
+from ..ir.op import Op
+from ..ir.tensor import TensorInfo
+from .registry import register_op
+
+AUTO_PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+CONV_FNS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+CONV_TRANSPOSE_FNS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
+@dataclass(frozen=True)
+class Window:
+    """A sliding window over the spatial dims, resolved to explicit numbers (one per dim)."""
+
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads_begin: tuple[int, ...]
+    pads_end: tuple[int, ...]
+    out_sizes: tuple[int, ...]
+
+    @property
+    def symmetric(self) -> bool:
+        return self.pads_begin == self.pads_end
+
+    def torch_pad(self, pads_end: tuple[int, ...] | None = None) -> tuple[int, ...]:
+        """The pads in F.pad order (last dim first, begin then end)."""
+        end = self.pads_end if pads_end is None else pads_end
+        out: list[int] = []
+        for b, e in zip(reversed(self.pads_begin), reversed(end)):
+            out += [b, e]
+        return tuple(out)
+
+
+def spatial_list(op: Op, name: str, values: tuple, n: int, default: int) -> tuple[int, ...]:
+    """An attribute with one value per spatial dim (absent: ``default`` for each)."""
+    if not values:
+        return (default,) * n
+    if len(values) != n:
+        raise ShapeError(
+            f"{op.debug_name}: attribute {name}={list(values)} needs {n} values, one per spatial "
+            f"dim of the input."
+        )
+    return tuple(int(v) for v in values)
+
+
+def resolve_window(
+    op: Op,
+    in_sizes: tuple[int, ...],
+    kernel: tuple[int, ...],
+    strides: tuple,
+    dilations: tuple,
+    pads: tuple,
+    auto_pad: str,
+    ceil_mode: bool = False,
+) -> Window:
+    """Output sizes and explicit begin/end pads of a convolution or pooling window (ONNX rules).
+
+    With ``ceil_mode`` a last window that would start inside the end padding is dropped, as the
+    ONNX reference, onnxruntime and torch all do.
+    """
+    n = len(in_sizes)
+    strides = spatial_list(op, "strides", strides, n, 1)
+    dilations = spatial_list(op, "dilations", dilations, n, 1)
+    if auto_pad not in AUTO_PAD_MODES:
+        raise ShapeError(
+            f"{op.debug_name}: auto_pad='{auto_pad}' is not one of {list(AUTO_PAD_MODES)}."
+        )
+    if any(s < 1 for s in strides) or any(d < 1 for d in dilations):
+        raise ShapeError(
+            f"{op.debug_name}: strides {list(strides)} and dilations {list(dilations)} must be "
+            f">= 1."
+        )
+    extent = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out_sizes = tuple(-(-i // s) for i, s in zip(in_sizes, strides))
+        totals = [max(0, (o - 1) * s + e - i) for o, s, e, i in zip(out_sizes, strides, extent, in_sizes)]
+        if auto_pad == "SAME_UPPER":
+            begin = tuple(t // 2 for t in totals)
+        else:
+            begin = tuple(t - t // 2 for t in totals)
+        end = tuple(t - b for t, b in zip(totals, begin))
+        return Window(kernel, strides, dilations, begin, end, out_sizes)
+    if auto_pad == "VALID" or not pads:
+        begin = end = (0,) * n
+    else:
+        if len(pads) != 2 * n:
+            raise ShapeError(
+                f"{op.debug_name}: pads={list(pads)} needs {2 * n} values (begins then ends)."
+            )
+        begin, end = tuple(int(p) for p in pads[:n]), tuple(int(p) for p in pads[n:])
+        if any(p < 0 for p in pads):
+            raise ShapeError(f"{op.debug_name}: pads={list(pads)} must not be negative.")
+    out_sizes = []
+    for i, b, e, ext, s in zip(in_sizes, begin, end, extent, strides):
+        span = i + b + e - ext
+        if span < 0:
+            raise ShapeError(
+                f"{op.debug_name}: window extent {ext} (kernel {list(kernel)}, dilations "
+                f"{list(dilations)}) exceeds the padded input size {i + b + e} "
+                f"(input spatial sizes {list(in_sizes)})."
+            )
+        o = (-(-span // s) if ceil_mode else span // s) + 1
+        if ceil_mode and (o - 1) * s >= i + b:
+            o -= 1
+        out_sizes.append(o)
+    return Window(kernel, strides, dilations, begin, end, tuple(out_sizes))
+
+
+def _check_spatial_input(op: Op, x: TensorInfo, what: str = "X") -> int:
+    if x.rank < 3 or x.rank > 5:
+        raise ShapeError(
+            f"{op.debug_name}: {what} {x} must be [N, C, D1..Dn] with 1 to 3 spatial dims."
+        )
+    return x.rank - 2
+
+
+def _check_bias(op: Op, bias: TensorInfo | None, channels: int, x: TensorInfo) -> None:
+    if bias is None:
+        return
+    if bias.shape != (channels,):
+        raise ShapeError(
+            f"{op.debug_name}: bias B {bias} must have shape [{channels}] (one per output channel)."
+        )
+    if bias.dtype != x.dtype:
+        raise ShapeError(f"{op.debug_name}: bias B {bias} and X {x} have different dtypes.")
+
+
+def _check_kernel_shape(op: Op, kernel_shape: tuple, w: TensorInfo) -> tuple[int, ...]:
+    kernel = w.shape[2:]
+    if kernel_shape and tuple(kernel_shape) != kernel:
+        raise ShapeError(
+            f"{op.debug_name}: kernel_shape={list(kernel_shape)} differs from the spatial dims of "
+            f"the weights W {w}."
+        )
+    return kernel
+
+
+@register_op("Conv", versions=(1, 11))
+class Conv(Op):
+    """Y = conv(X, W) + B with groups, strides, dilations and explicit or automatic pads."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        auto_pad: str = "NOTSET"
+        dilations: tuple[int, ...] = ()
+        group: int = 1
+        kernel_shape: tuple[int, ...] = ()
+        pads: tuple[int, ...] = ()
+        strides: tuple[int, ...] = ()
+
+    def infer(self, x, w, b=None):
+        at = self.attrs
+        n = _check_spatial_input(self, x)
+        if w.rank != x.rank:
+            raise ShapeError(
+                f"{self.debug_name}: weights W {w} must have the rank of X {x} "
+                f"([M, C/group, k1..kn])."
+            )
+        if x.dtype != w.dtype:
+            raise ShapeError(f"{self.debug_name}: X {x} and W {w} have different dtypes.")
+        group = at.group
+        if group < 1 or x.shape[1] != w.shape[1] * group:
+            raise ShapeError(
+                f"{self.debug_name}: channel mismatch: X {x} has {x.shape[1]} input channels, "
+                f"W {w} expects {w.shape[1]} per group x group={group} = {w.shape[1] * group}. "
+                f"Check the layer's in_channels and groups."
+            )
+        if w.shape[0] % group:
+            raise ShapeError(
+                f"{self.debug_name}: W {w} has {w.shape[0]} output channels, not divisible by "
+                f"group={group}."
+            )
+        _check_bias(self, b, w.shape[0], x)
+        kernel = _check_kernel_shape(self, at.kernel_shape, w)
+        win = resolve_window(
+            self, x.shape[2:], kernel, at.strides, at.dilations, at.pads, at.auto_pad
+        )
+        self._fn = CONV_FNS[n]
+        self._stride = win.strides
+        self._dilation = win.dilations
+        self._groups = group
+        # torch pads symmetrically inside the conv; only uneven pads need a separate F.pad.
+        self._padding = win.pads_begin if win.symmetric else (0,) * n
+        self._pre_pad = None if win.symmetric else win.torch_pad()
+        return TensorInfo(x.dtype, (x.shape[0], w.shape[0]) + win.out_sizes)
+
+    def kernel(self, x, w, b=None):
+        if self._pre_pad is not None:
+            x = F.pad(x, self._pre_pad)
+        return self._fn(x, w, b, self._stride, self._padding, self._dilation, self._groups)
+
+
+@register_op("ConvTranspose", versions=(1, 11))
+class ConvTranspose(Op):
+    """The gradient of Conv with respect to its input, used as an upsampling layer."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        auto_pad: str = "NOTSET"
+        dilations: tuple[int, ...] = ()
+        group: int = 1
+        kernel_shape: tuple[int, ...] = ()
+        output_padding: tuple[int, ...] = ()
+        output_shape: tuple[int, ...] = ()
+        pads: tuple[int, ...] = ()
+        strides: tuple[int, ...] = ()
+
+    def infer(self, x, w, b=None):
+        at = self.attrs
+        n = _check_spatial_input(self, x)
+        if w.rank != x.rank:
+            raise ShapeError(
+                f"{self.debug_name}: weights W {w} must have the rank of X {x} "
+                f"([C, M/group, k1..kn])."
+            )
+        if x.dtype != w.dtype:
+            raise ShapeError(f"{self.debug_name}: X {x} and W {w} have different dtypes.")
+        group = at.group
+        if group < 1 or x.shape[1] != w.shape[0] or w.shape[0] % group:
+            raise ShapeError(
+                f"{self.debug_name}: channel mismatch: X {x} has {x.shape[1]} channels, W {w} "
+                f"has {w.shape[0]} input channels (group={group}). Check the layer's in_channels."
+            )
+        out_channels = w.shape[1] * group
+        _check_bias(self, b, out_channels, x)
+        kernel = _check_kernel_shape(self, at.kernel_shape, w)
+        in_sizes = x.shape[2:]
+        strides = spatial_list(self, "strides", at.strides, n, 1)
+        dilations = spatial_list(self, "dilations", at.dilations, n, 1)
+        out_pad = spatial_list(self, "output_padding", at.output_padding, n, 0)
+        if at.auto_pad not in AUTO_PAD_MODES:
+            raise ShapeError(
+                f"{self.debug_name}: auto_pad='{at.auto_pad}' is not one of "
+                f"{list(AUTO_PAD_MODES)}."
+            )
+        extent = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
+        # Length of the transposed convolution before any pad is cropped.
+        full = tuple(s * (i - 1) + op + e for s, i, op, e in zip(strides, in_sizes, out_pad, extent))
+        target = None
+        if at.output_shape:
+            target = tuple(at.output_shape[-n:])
+            if len(at.output_shape) not in (n, n + 2):
+                raise ShapeError(
+                    f"{self.debug_name}: output_shape={list(at.output_shape)} needs {n} spatial "
+                    f"sizes."
+                )
+        elif at.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            target = tuple(i * s for i, s in zip(in_sizes, strides))
+        if target is not None:
+            totals = [f - t for f, t in zip(full, target)]
+            if any(t < 0 for t in totals):
+                raise ShapeError(
+                    f"{self.debug_name}: output_shape {list(target)} is larger than the "
+                    f"transposed convolution can produce ({list(full)}); raise output_padding."
+                )
+            # ONNX: the odd unit of padding goes to the end for SAME_UPPER, else to the start.
+            if at.auto_pad == "SAME_UPPER":
+                begin = tuple(t // 2 for t in totals)
+            else:
+                begin = tuple(t - t // 2 for t in totals)
+            end = tuple(t - bg for t, bg in zip(totals, begin))
+        elif at.auto_pad == "VALID" or not at.pads:
+            begin = end = (0,) * n
+        else:
+            if len(at.pads) != 2 * n:
+                raise ShapeError(
+                    f"{self.debug_name}: pads={list(at.pads)} needs {2 * n} values."
+                )
+            begin, end = tuple(at.pads[:n]), tuple(at.pads[n:])
+        out_sizes = tuple(f - bg - e for f, bg, e in zip(full, begin, end))
+        if any(o <= 0 for o in out_sizes):
+            raise ShapeError(
+                f"{self.debug_name}: pads {list(begin) + list(end)} leave no output "
+                f"(sizes {list(out_sizes)})."
+            )
+        self._fn = CONV_TRANSPOSE_FNS[n]
+        self._stride, self._dilation, self._groups = strides, dilations, group
+        # torch crops ``padding`` from both ends and appends ``output_padding`` (< stride or
+        # dilation) at the end; other pad combinations crop or extend the full result.
+        torch_out_pad = tuple(op + bg - e for op, bg, e in zip(out_pad, begin, end))
+        if all(0 <= p < max(s, d) for p, s, d in zip(torch_out_pad, strides, dilations)):
+            self._padding, self._out_pad, self._crop = begin, torch_out_pad, None
+        else:
+            self._padding, self._out_pad = (0,) * n, (0,) * n
+            produced = tuple(s * (i - 1) + e for s, i, e in zip(strides, in_sizes, extent))
+            crop: list[int] = []
+            for bg, o, p in zip(reversed(begin), reversed(out_sizes), reversed(produced)):
+                crop += [-bg, o + bg - p]
+            self._crop = tuple(crop)
+            self._bias_shape = (1, out_channels) + (1,) * n
+        return TensorInfo(x.dtype, (x.shape[0], out_channels) + out_sizes)
+
+    def kernel(self, x, w, b=None):
+        if self._crop is None:
+            return self._fn(
+                x, w, b, self._stride, self._padding, self._out_pad, self._groups, self._dilation
+            )
+        y = F.pad(self._fn(x, w, None, self._stride, 0, 0, self._groups, self._dilation), self._crop)
+        return y if b is None else y.add_(b.view(self._bias_shape))
+

@@ -1,0 +1,364 @@
+"""Pooling: MaxPool (with ONNX's Indices output), AveragePool, LpPool and their Global forms.
+
+Each windowed pool resolves its window once in infer(). When torch's own pooling computes
+exactly the ONNX result (symmetric pads within torch's limits) the kernel is one torch call;
+otherwise the input is padded (or cropped) to the exact extent the output needs, and an
+average's divisor is precomputed per output position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..dtypes import DataType
+from ..errors import ShapeError
+from ..ir.op import Op
+from ..ir.tensor import TensorInfo
+from .conv import CONV_FNS, Window, resolve_window
+from .registry import register_op
+
+_MAX_POOL_FNS = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+_AVG_POOL_FNS = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+
+
+def _spatial_rank(op: Op, x: TensorInfo, low: int = 1, high: int = 3) -> int:
+    n = x.rank - 2
+    if not low <= n <= high:
+        raise ShapeError(
+            f"{op.debug_name}: X {x} must be [N, C, D1..Dn] with {low} to {high} spatial dims."
+        )
+    return n
+
+
+def _exact_end_pads(win: Window, in_sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """End pads making an unpadded torch pool (floor mode) produce exactly ``win.out_sizes``.
+
+    Negative values crop input that no window reaches; larger values extend a ceil-mode window.
+    """
+    return tuple(
+        (o - 1) * s + (k - 1) * d + 1 - i - b
+        for o, s, k, d, i, b in zip(
+            win.out_sizes, win.strides, win.kernel, win.dilations, in_sizes, win.pads_begin
+        )
+    )
+
+
+def _torch_can_pad(win: Window) -> bool:
+    """torch pools pad symmetrically, by at most half the kernel size (dilation aside)."""
+    return win.symmetric and all(2 * p <= k for p, k in zip(win.pads_begin, win.kernel))
+
+
+class _WindowPool(Op):
+    """Shared attribute handling: older versions' Attrs lack later fields, whose defaults then
+    mean exactly what the older version did (no dilation, floor mode, ...)."""
+
+    def full_attrs(self):
+        return self.Attrs(**dataclasses.asdict(self.attrs))
+
+    def window(self, x: TensorInfo, at) -> Window:
+        n = _spatial_rank(self, x)
+        if len(at.kernel_shape) != n:
+            raise ShapeError(
+                f"{self.debug_name}: kernel_shape={list(at.kernel_shape)} needs {n} values for X "
+                f"{x}."
+            )
+        return resolve_window(
+            self,
+            x.shape[2:],
+            tuple(at.kernel_shape),
+            at.strides,
+            at.dilations,
+            at.pads,
+            at.auto_pad,
+            bool(at.ceil_mode),
+        )
+
+
+@register_op("MaxPool", versions=(1, 8, 10, 11, 12))
+class MaxPool(_WindowPool):
+    """Y = max over each window; Indices (version >= 8) = flat index of the max in X."""
+
+    @dataclass(frozen=True)
+    class V1Attrs:
+        kernel_shape: tuple[int, ...]
+        auto_pad: str = "NOTSET"
+        pads: tuple[int, ...] = ()
+        strides: tuple[int, ...] = ()
+
+    @dataclass(frozen=True)
+    class V8Attrs(V1Attrs):
+        storage_order: int = 0
+
+    @dataclass(frozen=True)
+    class Attrs(V8Attrs):
+        ceil_mode: int = 0
+        dilations: tuple[int, ...] = ()
+
+    @classmethod
+    def attrs_type(cls, version: int):
+        return cls.V1Attrs if version < 8 else cls.V8Attrs if version < 10 else cls.Attrs
+
+    def infer(self, x):
+        at = self.full_attrs()
+        win = self.window(x, at)
+        n = x.rank - 2
+        in_sizes = x.shape[2:]
+        self._fn = _MAX_POOL_FNS[n]
+        self._kernel, self._stride, self._dilation = win.kernel, win.strides, win.dilations
+        if _torch_can_pad(win):
+            self._padding, self._ceil, self._pre_pad = win.pads_begin, bool(at.ceil_mode), None
+            padded, offset = in_sizes, (0,) * n
+        else:
+            end = _exact_end_pads(win, in_sizes)
+            self._padding, self._ceil = (0,) * n, False
+            self._pre_pad = win.torch_pad(end)
+            padded = tuple(i + b + e for i, b, e in zip(in_sizes, win.pads_begin, end))
+            offset = win.pads_begin
+        is_float = x.dtype.torch.is_floating_point
+        self._pad_value = float("-inf") if is_float else float(torch.iinfo(x.dtype.torch).min)
+        # torch's indices count within the (padded) plane of one (n, c); ONNX counts in the
+        # unpadded X over all of N, C and the spatial dims, in C or Fortran order.
+        self._index_map = None
+        if self._pre_pad is not None or at.storage_order:
+            self._index_map = _index_map(padded, offset, in_sizes, bool(at.storage_order))
+        planes = x.shape[0] * x.shape[1]
+        self._plane_offset = (torch.arange(planes, dtype=torch.int64) * math.prod(in_sizes)).view(
+            x.shape[:2] + (1,) * n
+        )
+        y = TensorInfo(x.dtype, x.shape[:2] + win.out_sizes)
+        if self.version < 8:
+            return y
+        return [y, y.with_dtype(DataType.INT64)]
+
+    def kernel(self, x):
+        if self._pre_pad is not None:
+            x = F.pad(x, self._pre_pad, value=self._pad_value)
+        if len(self.outputs) < 2 or self.outputs[1] is None:
+            y = self._fn(x, self._kernel, self._stride, self._padding, self._dilation, self._ceil)
+            return y if len(self.outputs) < 2 else (y, None)
+        y, idx = self._fn(
+            x, self._kernel, self._stride, self._padding, self._dilation, self._ceil, True
+        )
+        if self._index_map is not None:
+            idx = self._index_map[idx]
+        return y, idx.add_(self._plane_offset)
+
+
+def _index_map(padded, offset, in_sizes, column_major: bool) -> torch.Tensor:
+    """Flat index in the padded plane -> ONNX flat index in the unpadded plane (-1: padding)."""
+    grids = torch.meshgrid(*[torch.arange(p) - o for p, o in zip(padded, offset)], indexing="ij")
+    inside = torch.ones(padded, dtype=torch.bool)
+    flat = torch.zeros(padded, dtype=torch.int64)
+    order = range(len(in_sizes)) if column_major else reversed(range(len(in_sizes)))
+    stride = 1
+    for axis in order:
+        inside &= (grids[axis] >= 0) & (grids[axis] < in_sizes[axis])
+        flat += grids[axis] * stride
+        stride *= in_sizes[axis]
+    return torch.where(inside, flat, -1).reshape(-1)
+
+
+class _SumPool:
+    """Window sums over a pre-padded input, for averages and Lp norms with any pad/dilation."""
+
+    def __init__(self, x: TensorInfo, win: Window, pre_pad: tuple[int, ...], padded):
+        self.n = x.rank - 2
+        self.pre_pad = pre_pad
+        self.win = win
+        self.dilated = any(d != 1 for d in win.dilations)
+        self.planes = (x.shape[0] * x.shape[1], 1)
+        self.padded = tuple(padded)
+        self.out_shape = x.shape[:2] + win.out_sizes
+        if self.dilated:
+            # A depthwise convolution with a window of ones sums dilated windows.
+            self.ones = torch.ones((1, 1) + win.kernel, dtype=x.dtype.torch)
+            self.conv = CONV_FNS[self.n]
+        else:
+            self.avg = _AVG_POOL_FNS[self.n]
+            self.volume = math.prod(win.kernel)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum of each window of ``x`` (already raised to a power if needed)."""
+        x = F.pad(x, self.pre_pad)
+        if self.dilated:
+            flat = x.reshape(self.planes + self.padded)
+            y = self.conv(flat, self.ones, None, self.win.strides, 0, self.win.dilations)
+            return y.reshape(self.out_shape)
+        return self.avg(x, self.win.kernel, self.win.strides, 0).mul_(self.volume)
+
+
+def _counts(win: Window, in_sizes, include_pad: bool) -> list[list[int]]:
+    """Per spatial dim, the number of counted elements in each window (pads count or not)."""
+    result = []
+    for i, b, e_explicit, o, s, k, d in zip(
+        in_sizes, win.pads_begin, win.pads_end, win.out_sizes, win.strides, win.kernel, win.dilations
+    ):
+        lo, hi = (0, b + i + e_explicit) if include_pad else (b, b + i)
+        result.append(
+            [sum(1 for t in range(k) if lo <= j * s + t * d < hi) for j in range(o)]
+        )
+    return result
+
+
+@register_op("AveragePool", versions=(1, 7, 10, 11, 19))
+class AveragePool(_WindowPool):
+    """Y = mean over each window; count_include_pad decides whether pads count."""
+
+    @dataclass(frozen=True)
+    class V1Attrs:
+        kernel_shape: tuple[int, ...]
+        auto_pad: str = "NOTSET"
+        pads: tuple[int, ...] = ()
+        strides: tuple[int, ...] = ()
+
+    @dataclass(frozen=True)
+    class V7Attrs(V1Attrs):
+        count_include_pad: int = 0
+
+    @dataclass(frozen=True)
+    class V10Attrs(V7Attrs):
+        ceil_mode: int = 0
+
+    @dataclass(frozen=True)
+    class Attrs(V10Attrs):
+        dilations: tuple[int, ...] = ()
+
+    @classmethod
+    def attrs_type(cls, version: int):
+        if version < 7:
+            return cls.V1Attrs
+        return cls.V7Attrs if version < 10 else cls.V10Attrs if version < 19 else cls.Attrs
+
+    def infer(self, x):
+        at = self.full_attrs()
+        win = self.window(x, at)
+        include_pad = bool(at.count_include_pad)
+        in_sizes = x.shape[2:]
+        self._sum = None
+        undilated = all(d == 1 for d in win.dilations)
+        if undilated and win.symmetric and all(2 * p <= k for p, k in zip(win.pads_begin, win.kernel)):
+            # torch's divisor rule (pads count up to the explicit pad, never the ceil overhang)
+            # is ONNX's, so one call suffices.
+            self._fn = _AVG_POOL_FNS[x.rank - 2]
+            self._args = (win.kernel, win.strides, win.pads_begin, bool(at.ceil_mode), include_pad)
+        else:
+            end = _exact_end_pads(win, in_sizes)
+            padded = tuple(i + b + e for i, b, e in zip(in_sizes, win.pads_begin, end))
+            self._sum = _SumPool(x, win, win.torch_pad(end), padded)
+            counts = _counts(win, in_sizes, include_pad)
+            grid = torch.ones(win.out_sizes, dtype=torch.float64)
+            for axis, c in enumerate(counts):
+                shape = [1] * len(counts)
+                shape[axis] = len(c)
+                grid = grid * torch.tensor(c, dtype=torch.float64).view(shape)
+            if (grid == 0).any():
+                raise ShapeError(
+                    f"{self.debug_name}: some windows cover only padding (pads "
+                    f"{list(win.pads_begin) + list(win.pads_end)}, kernel {list(win.kernel)})."
+                )
+            self._inv_count = (1.0 / grid).to(x.dtype.torch)
+        return TensorInfo(x.dtype, x.shape[:2] + win.out_sizes)
+
+    def kernel(self, x):
+        if self._sum is None:
+            return self._fn(x, *self._args)
+        return self._sum(x).mul_(self._inv_count)
+
+
+@register_op("LpPool", versions=(1, 2, 11, 18))
+class LpPool(_WindowPool):
+    """Y = (sum over each window of |x|^p)^(1/p); pads contribute zeros."""
+
+    @dataclass(frozen=True)
+    class V1Attrs:
+        kernel_shape: tuple[int, ...] = ()
+        auto_pad: str = "NOTSET"
+        p: float = 2.0
+        pads: tuple[int, ...] = ()
+        strides: tuple[int, ...] = ()
+
+    @dataclass(frozen=True)
+    class V2Attrs:
+        kernel_shape: tuple[int, ...]
+        auto_pad: str = "NOTSET"
+        p: int = 2
+        pads: tuple[int, ...] = ()
+        strides: tuple[int, ...] = ()
+
+    @dataclass(frozen=True)
+    class Attrs(V2Attrs):
+        ceil_mode: int = 0
+        dilations: tuple[int, ...] = ()
+
+    @classmethod
+    def attrs_type(cls, version: int):
+        return cls.V1Attrs if version < 2 else cls.V2Attrs if version < 18 else cls.Attrs
+
+    def full_attrs(self):
+        values = dataclasses.asdict(self.attrs)
+        if not values["kernel_shape"]:
+            raise ShapeError(f"{self.debug_name}: the kernel_shape attribute is required.")
+        return self.Attrs(**values)
+
+    def infer(self, x):
+        at = self.full_attrs()
+        win = self.window(x, at)
+        in_sizes = x.shape[2:]
+        end = _exact_end_pads(win, in_sizes)
+        padded = tuple(i + b + e for i, b, e in zip(in_sizes, win.pads_begin, end))
+        self._sum = _SumPool(x, win, win.torch_pad(end), padded)
+        self._p = at.p
+        return TensorInfo(x.dtype, x.shape[:2] + win.out_sizes)
+
+    def kernel(self, x):
+        p = self._p
+        if p == 2:
+            return self._sum(x * x).sqrt_()
+        if p == 1:
+            return self._sum(x.abs())
+        return self._sum(x.abs().pow_(p)).pow_(1.0 / p)
+
+
+class _GlobalPool(Op):
+    """Reduce all spatial dims to size 1."""
+
+    def infer(self, x):
+        if x.rank < 3:
+            raise ShapeError(f"{self.debug_name}: X {x} must be [N, C, D1..Dn] with n >= 1.")
+        self._dims = tuple(range(2, x.rank))
+        return TensorInfo(x.dtype, x.shape[:2] + (1,) * (x.rank - 2))
+
+
+@register_op("GlobalAveragePool", versions=(1,))
+class GlobalAveragePool(_GlobalPool):
+    def kernel(self, x):
+        return x.mean(self._dims, keepdim=True)
+
+
+@register_op("GlobalMaxPool", versions=(1,))
+class GlobalMaxPool(_GlobalPool):
+    def kernel(self, x):
+        return x.amax(self._dims, keepdim=True)
+
+
+@register_op("GlobalLpPool", versions=(1, 2))
+class GlobalLpPool(_GlobalPool):
+    @dataclass(frozen=True)
+    class Attrs:
+        p: int = 2
+
+    @dataclass(frozen=True)
+    class V1Attrs:
+        p: float = 2.0
+
+    @classmethod
+    def attrs_type(cls, version: int):
+        return cls.V1Attrs if version < 2 else cls.Attrs
+
+    def kernel(self, x):
+        return torch.linalg.vector_norm(x, ord=self.attrs.p, dim=self._dims, keepdim=True)

@@ -1,0 +1,82 @@
+"""Softmax, LogSoftmax and Hardmax.
+
+Versions 1 and 11 coerce the input to 2-D at ``axis`` ([prod(d[:axis]), prod(d[axis:])]) and
+normalize each row; version 13 normalizes along the single dim ``axis``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ShapeError
+from ..ir.op import Op
+from ..ir.tensor import TensorInfo
+from .base import normalize_axis
+from .registry import register_op
+
+
+class _AxisNormalizer(Op):
+    """Shared shape logic: ``self._coerced`` is the 2-D shape for versions < 13, else None."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        axis: int = -1
+
+    @dataclass(frozen=True)
+    class LegacyAttrs:
+        axis: int = 1
+
+    @classmethod
+    def attrs_type(cls, version: int):
+        return cls.LegacyAttrs if version < 13 else cls.Attrs
+
+    def infer(self, x: TensorInfo):
+        if not x.dtype.torch.is_floating_point:
+            raise ShapeError(f"{self.debug_name}: X {x} must be a floating-point tensor.")
+        if self.version < 13:
+            # axis == rank is allowed here: the 2-D view is then [N, 1].
+            axis = self.attrs.axis
+            if not -x.rank <= axis <= x.rank:
+                raise ShapeError(
+                    f"{self.debug_name}: axis {axis} is out of range for rank {x.rank}."
+                )
+            axis = axis + x.rank if axis < 0 else axis
+            self._coerced = (math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+            self._dim = 1
+        else:
+            self._coerced = None
+            self._dim = normalize_axis(self, self.attrs.axis, x.rank)
+        return x
+
+    def kernel(self, x):
+        if self._coerced is None:
+            return self.compute(x, self._dim)
+        return self.compute(x.reshape(self._coerced), 1).reshape(x.shape)
+
+    def compute(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
+
+@register_op("Softmax", versions=(1, 11, 13))
+class Softmax(_AxisNormalizer):
+    def compute(self, x, dim):
+        return torch.softmax(x, dim)
+
+
+@register_op("LogSoftmax", versions=(1, 11, 13))
+class LogSoftmax(_AxisNormalizer):
+    def compute(self, x, dim):
+        return torch.log_softmax(x, dim)
+
+
+@register_op("Hardmax", versions=(1, 11, 13))
+class Hardmax(_AxisNormalizer):
+    """1 at the first maximum along the axis, 0 elsewhere."""
+
+    def compute(self, x, dim):
+        index = torch.argmax(x, dim, keepdim=True)
+        return torch.zeros_like(x).scatter_(dim, index, 1.0)
