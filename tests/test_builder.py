@@ -95,7 +95,7 @@ def _numpy_conv(x, w, pad):
 
 def test_f17_generated_ops_are_valid_onnx():
     """F17: generated methods write valid nodes for ops with attributes, optional inputs and
-    variable outputs; onnxruntime runs them and agrees with numpy."""
+    variable outputs; onnxruntime runs them and agrees with numpy, and so do we."""
     builder = popart.Builder(opsets={"ai.onnx": 11})
     ops = builder.aiOnnx
     x = builder.addInputTensor("FLOAT", [1, 2, 5, 5], debugContext="x")
@@ -116,6 +116,9 @@ def test_f17_generated_ops_are_valid_onnx():
 
     feeds = {"x": rand(1, 2, 5, 5, seed=5)}
     got = run_onnxruntime(proto(builder), feeds)
+    ours = run_popart(proto(builder), feeds)
+    for name, value in got.items():
+        assert_close(ours[name], value, f"popart {name}", rtol=1e-5, atol=1e-5)
     ref = _numpy_conv(feeds["x"], rand(3, 2, 3, 3, seed=4), 1)
     pooled_ref = ref[:, :, :4, :4].reshape(1, 3, 2, 2, 2, 2).max(axis=(3, 5))
     assert_close(got[pooled[0]], pooled_ref, "maxpool", rtol=1e-4, atol=1e-5)
@@ -157,6 +160,8 @@ def test_f17_reducesum_axes_as_input_from_opset_13():
         assert builder.getTensorShape(out) == [2, 4]
         got = run_onnxruntime(proto(builder), {"x": data})[out]
         assert_close(got, data.sum(axis=1), f"reducesum-{opset}", rtol=1e-5, atol=1e-6)
+        ours = run_popart(proto(builder), {"x": data})[out]
+        assert_close(ours, data.sum(axis=1), f"popart reducesum-{opset}", rtol=1e-5, atol=1e-6)
 
 
 def test_f17_split_18_num_outputs_attribute():
@@ -174,8 +179,10 @@ def test_f17_split_18_num_outputs_attribute():
     assert attrs_of(node_of(model, parts[0])) == {}
     data = rand(6, 2, seed=12)
     got = run_onnxruntime(model, {"x": data})
+    ours = run_popart(model, {"x": data})
     for out, expected in zip(halves + parts, [data[:3], data[3:], data[:1], data[1:]]):
         assert_close(got[out], expected, out)
+        assert_close(ours[out], expected, f"popart {out}")
 
 
 def test_f17_return_values_and_ids():
