@@ -5,6 +5,11 @@ Index tensors may hold negative values (counted from the end of the indexed axis
 them into range with one ``torch.where`` and let torch's bounds checks (or an explicit one when
 indices are linearised) reject the rest. NonZero and Compress have data-dependent output shapes,
 which the simulated IPU cannot hold: they are supported only when folded at compile time.
+
+Gradients: what a gather reads, its gradient adds back into zeros (GatherGrad,
+GatherElementsGrad, GatherNDGrad in the ai.graphcore domain; repeated indices accumulate), and
+what a scatter writes, its gradient gathers. TopK and Compress reuse the gather grad ops, CumSum
+is its own adjoint summed the other way, and OneHot differentiates its ``values`` input.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from ..errors import ModelError, ShapeError, UnsupportedOpError, popart_runtime_
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
 from .base import normalize_axis
-from .registry import register_op
+from .registry import AI_GRAPHCORE, register_op
 
 _INDEX_DTYPES = (DataType.INT32, DataType.INT64)
 
@@ -55,6 +60,34 @@ def _wrap_negative(index: torch.Tensor, size) -> torch.Tensor:
     return torch.where(index < 0, index + size, index)
 
 
+def _check_grad_shape(op: Op, dy: TensorInfo, expected) -> None:
+    if dy.shape != tuple(expected):
+        raise ShapeError(
+            f"{op.debug_name}: gradient {dy} does not have the forward output's shape "
+            f"{list(expected)} (forward input shape {list(op.attrs.shape)}).")
+
+
+def _scatter_grad(op: Op, g, scatter_type: str, gather_type: str, **attrs) -> None:
+    """Gradients of a scatter: ``data`` gets dy with the overwritten positions zeroed (or dy
+    itself for reduction 'add'); ``updates`` gets dy gathered at the indices."""
+    reduction = getattr(op.attrs, "reduction", "none")
+    if reduction not in ("none", "add"):
+        raise UnsupportedOpError(
+            f"{op.debug_name}: the gradient of reduction '{reduction}' is not implemented (only "
+            f"'none' and 'add' are). Detach the path through this op, or express the update "
+            f"with differentiable ops (e.g. Mul of a gathered mask).")
+    dy = g.output_grad(0)
+    if g.needs_input_grad(0):
+        if reduction == "none":
+            info = g.input_info(2)
+            zeros = g.const(np.zeros(info.shape, info.dtype.numpy), "zeros")
+            g.set_input_grad(0, g.op(scatter_type, dy, g.input(1), zeros, **attrs))
+        else:
+            g.set_input_grad(0, dy)
+    if g.needs_input_grad(2):
+        g.set_input_grad(2, g.op(gather_type, dy, g.input(1), **attrs))
+
+
 # --- Gather family ----------------------------------------------------------------------------
 
 
@@ -77,6 +110,33 @@ class Gather(Op):
         index = torch.where(indices < 0, indices + self.size, indices).reshape(-1)
         # index_select rejects out-of-range indices; the plan re-raises naming this op.
         return torch.index_select(data, self.axis, index).reshape(self.out_shape)
+
+    def grad(self, g):
+        g.set_input_grad(0, g.op("GatherGrad", g.output_grad(0), g.input(1), domain=AI_GRAPHCORE,
+                                 axis=self.axis, shape=g.input_info(0).shape))
+
+
+@register_op("GatherGrad", versions=1, domain=AI_GRAPHCORE)
+class GatherGrad(Op):
+    """d data = zeros with each gathered slice of dy added back at its index along ``axis``."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        axis: int
+        shape: tuple[int, ...]  # of the gathered data
+
+    def infer(self, dy, indices):
+        _check_index_dtype(self, indices)
+        shape, axis = self.attrs.shape, self.attrs.axis
+        _check_grad_shape(self, dy, shape[:axis] + indices.shape + shape[axis + 1 :])
+        self.size = shape[axis]
+        self.rows_shape = shape[:axis] + (indices.nelms,) + shape[axis + 1 :]
+        return dy.with_shape(shape)
+
+    def kernel(self, dy, indices):
+        index = _wrap_negative(indices, self.size).reshape(-1)
+        dx = dy.new_zeros(self.attrs.shape)
+        return dx.index_add_(self.attrs.axis, index, dy.reshape(self.rows_shape))
 
 
 @register_op("GatherElements", versions=(11, 13))
@@ -104,6 +164,31 @@ class GatherElements(Op):
 
     def kernel(self, data, indices):
         return torch.gather(data, self.axis, _wrap_negative(indices, self.size))
+
+    def grad(self, g):
+        g.set_input_grad(0, g.op("GatherElementsGrad", g.output_grad(0), g.input(1),
+                                 domain=AI_GRAPHCORE, axis=self.axis,
+                                 shape=g.input_info(0).shape))
+
+
+@register_op("GatherElementsGrad", versions=1, domain=AI_GRAPHCORE)
+class GatherElementsGrad(Op):
+    """d data = zeros with dy added at the gathered elements (also TopK's values gradient)."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        axis: int
+        shape: tuple[int, ...]  # of the gathered data
+
+    def infer(self, dy, indices):
+        _check_index_dtype(self, indices)
+        _check_grad_shape(self, dy, indices.shape)
+        self.size = self.attrs.shape[self.attrs.axis]
+        return dy.with_shape(self.attrs.shape)
+
+    def kernel(self, dy, indices):
+        dx = dy.new_zeros(self.attrs.shape)
+        return dx.scatter_add_(self.attrs.axis, _wrap_negative(indices, self.size), dy)
 
 
 class _LinearIndex:
@@ -190,6 +275,33 @@ class GatherND(Op):
         flat = data.reshape(lin.batch * lin.rows, lin.row_size)
         return flat.index_select(0, lin(indices).reshape(-1)).reshape(lin.out_shape)
 
+    def grad(self, g):
+        g.set_input_grad(0, g.op("GatherNDGrad", g.output_grad(0), g.input(1),
+                                 domain=AI_GRAPHCORE, shape=g.input_info(0).shape,
+                                 batch_dims=getattr(self.attrs, "batch_dims", 0)))
+
+
+@register_op("GatherNDGrad", versions=1, domain=AI_GRAPHCORE)
+class GatherNDGrad(Op):
+    """d data = zeros with each gathered row of dy added back at its addressed position."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        shape: tuple[int, ...]  # of the gathered data
+        batch_dims: int = 0
+
+    def infer(self, dy, indices):
+        data = dy.with_shape(self.attrs.shape)
+        self.linear = _LinearIndex(self, data, indices, self.attrs.batch_dims)
+        _check_grad_shape(self, dy, self.linear.out_shape)
+        return data
+
+    def kernel(self, dy, indices):
+        lin = self.linear
+        dx = dy.new_zeros(lin.batch * lin.rows, lin.row_size)
+        rows = dy.reshape(lin.batch * lin.count, lin.row_size)
+        return dx.index_add_(0, lin(indices).reshape(-1), rows).reshape(self.attrs.shape)
+
 
 # --- Scatter family ---------------------------------------------------------------------------
 
@@ -230,6 +342,11 @@ class ScatterElements(Op):
         if self.reduce is None:
             return torch.scatter(data, self.axis, index, updates)
         return torch.scatter_reduce(data, self.axis, index, updates, self.reduce, include_self=True)
+
+    def grad(self, g):
+        # With repeated indices and reduction 'none' ONNX leaves the written value undefined;
+        # every repeated update then receives the gradient of that position.
+        _scatter_grad(self, g, "ScatterElements", "GatherElements", axis=self.axis)
 
 
 @register_op("Scatter", versions=(9, 11))
@@ -278,6 +395,9 @@ class ScatterND(Op):
             out = torch.scatter_reduce(flat, 0, rows, values, self.reduce, include_self=True)
         return out.reshape(data.shape)
 
+    def grad(self, g):
+        _scatter_grad(self, g, "ScatterND", "GatherND")
+
 
 # --- OneHot, TopK, CumSum ----------------------------------------------------------------------
 
@@ -324,6 +444,40 @@ class OneHot(Op):
         # no position, and neither does an out-of-range one.
         index = torch.where(indices < 0, indices + self.depth, indices).unsqueeze(self.axis)
         return torch.where(index == self.positions, values[1], values[0])
+
+    def grad(self, g):
+        # Only ``values`` is differentiable; indices and depth select positions.
+        if not g.needs_input_grad(2):
+            return
+        g.set_input_grad(2, g.op("OneHotGrad", g.output_grad(0), g.input(0), domain=AI_GRAPHCORE,
+                                 depth=self.depth, axis=self.axis))
+
+
+@register_op("OneHotGrad", versions=1, domain=AI_GRAPHCORE)
+class OneHotGrad(Op):
+    """d values = [sum of dy off the hot positions, sum of dy on them]."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        depth: int
+        axis: int  # in [0, output rank)
+
+    def infer(self, dy, indices):
+        a = self.attrs
+        expected = indices.shape[: a.axis] + (a.depth,) + indices.shape[a.axis :]
+        if dy.shape != expected:
+            raise ShapeError(
+                f"{self.debug_name}: gradient {dy} does not match indices {indices} one-hot "
+                f"encoded with depth {a.depth} on axis {a.axis}.")
+        self.positions = torch.arange(a.depth, dtype=torch.int64).reshape(
+            (a.depth,) + (1,) * (dy.rank - 1 - a.axis))
+        return dy.with_shape((2,))
+
+    def kernel(self, dy, indices):
+        index = torch.where(indices < 0, indices + self.attrs.depth, indices)
+        hot = index.unsqueeze(self.attrs.axis) == self.positions
+        zero = dy.new_zeros(())
+        return torch.stack([torch.where(hot, zero, dy).sum(), torch.where(hot, dy, zero).sum()])
 
 
 @register_op("TopK", versions=(1, 10, 11))
@@ -377,6 +531,12 @@ class TopK(Op):
         values, indices = torch.sort(x, dim=self.axis, descending=self.descending, stable=True)
         return values.narrow(self.axis, 0, self.k), indices.narrow(self.axis, 0, self.k)
 
+    def grad(self, g):
+        # The values were gathered from x at the returned indices.
+        g.set_input_grad(0, g.op("GatherElementsGrad", g.output_grad(0), g.output(1),
+                                 domain=AI_GRAPHCORE, axis=self.axis,
+                                 shape=g.input_info(0).shape))
+
 
 @register_op("CumSum", versions=(11, 14))
 class CumSum(Op):
@@ -407,6 +567,13 @@ class CumSum(Op):
             zero = torch.zeros_like(y.narrow(self.axis, 0, min(1, self.length)))
             y = torch.cat([zero, y.narrow(self.axis, 0, max(self.length - 1, 0))], self.axis)
         return y.flip(self.axis) if self.attrs.reverse else y
+
+    def grad(self, g):
+        # y_i sums x_j over j <= i (j < i exclusive), so dx_j sums dy_i over i >= j (i > j):
+        # the same cumulative sum in the other direction.
+        g.set_input_grad(0, g.op("CumSum", g.output_grad(0), g.input(1),
+                                 exclusive=int(bool(self.attrs.exclusive)),
+                                 reverse=int(not self.attrs.reverse)))
 
 
 # --- data-dependent shapes: only at compile time -------------------------------------------------
@@ -472,6 +639,19 @@ class Compress(Op):
         if self.axis is None:
             return x.reshape(-1).index_select(0, self.index)
         return x.index_select(self.axis, self.index)
+
+    def grad(self, g):
+        # Compress is a Gather of the selected indices (of the flattened input without axis).
+        shape = g.input_info(0).shape
+        index = g.const(self.index.numpy().copy(), "index")
+        if self.axis is not None:
+            dx = g.op("GatherGrad", g.output_grad(0), index, domain=AI_GRAPHCORE, axis=self.axis,
+                      shape=shape)
+        else:
+            flat = g.op("GatherGrad", g.output_grad(0), index, domain=AI_GRAPHCORE, axis=0,
+                        shape=(math.prod(shape),))
+            dx = g.op("Reshape", flat, g.const(np.array(shape, np.int64), "shape"), allowzero=1)
+        g.set_input_grad(0, dx)
 
 
 __all__: list[str] = []

@@ -10,6 +10,11 @@ onnxruntime's operation order, so rounding in nearest mode lands on the same pix
 When the request maps exactly onto ``torch.nn.functional.interpolate`` (linear with half_pixel
 or align_corners, cubic with a = -0.75, nearest when its pixel choice is verified equal), the
 kernel is that single fused call instead.
+
+The gradient is the adjoint of that linear map (ResizeGrad, ai.graphcore domain): it rebuilds
+the same per-axis taps from the forward op's normalised request and, axis by axis in reverse,
+multiplies dy by the weights and adds it into zeros at the tap indices. It always uses the taps,
+also where the forward pass took the F.interpolate path, which computes the same map.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from ..errors import ModelError, ShapeError, UnsupportedOpError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
 from .base import normalize_axis
-from .registry import register_op
+from .registry import AI_GRAPHCORE, register_op
 
 _F32 = np.float32
 _FLOAT_DTYPES = (DataType.FLOAT, DataType.FLOAT16, DataType.DOUBLE, DataType.BFLOAT16)
@@ -187,6 +192,8 @@ class ResizeBase(Op):
         """Precompute per-axis taps. ``scales``/``sizes``/``roi`` cover every axis of ``x``;
         given one of scales and sizes, the other follows (sizes = floor(scale * input size),
         scales = sizes / input sizes); keep_aspect_ratio_policy gives both."""
+        # Kept for the gradient, which rebuilds this plan (see add_grad).
+        self.plan_args = (scales, sizes, roi, req)
         if x.dtype not in _FLOAT_DTYPES and req.mode != "nearest":
             raise UnsupportedOpError(
                 f"{self.debug_name}: mode '{req.mode}' on {x} is not supported; only nearest "
@@ -303,6 +310,15 @@ class ResizeBase(Op):
         if self.mask is not None:
             x = torch.where(self.mask, self.fill.to(x.dtype), x)
         return x.to(out_dtype) if x.dtype != out_dtype else x
+
+    def add_grad(self, g) -> None:
+        """The input gradient through ResizeGrad, which replans from this op's request."""
+        scales, sizes, roi, req = self.plan_args
+        g.set_input_grad(0, g.op(
+            "ResizeGrad", g.output_grad(0), domain=AI_GRAPHCORE, shape=g.input_info(0).shape,
+            scales=None if scales is None else tuple(float(s) for s in scales),
+            sizes=None if sizes is None else tuple(int(s) for s in sizes),
+            roi=tuple(float(r) for r in roi), **dataclasses.asdict(req)))
 
     def check_count(self, x: TensorInfo, values, what: str) -> None:
         if len(values) != x.rank:
@@ -450,6 +466,9 @@ class Resize(ResizeBase):
     def kernel(self, x, roi=None, scales=None, sizes=None):
         return self.resize(x)
 
+    def grad(self, g):
+        self.add_grad(g)
+
 
 @register_op("Upsample", versions=(1, 7, 9, 10))
 class Upsample(ResizeBase):
@@ -501,6 +520,61 @@ class Upsample(ResizeBase):
 
     def kernel(self, x, scales=None):
         return self.resize(x)
+
+    def grad(self, g):
+        self.add_grad(g)
+
+
+@register_op("ResizeGrad", versions=1, domain=AI_GRAPHCORE)
+class ResizeGrad(ResizeBase):
+    """dx of Resize/Upsample: the transpose of the forward taps, applied axis by axis."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        shape: tuple[int, ...]  # of the forward input
+        scales: tuple[float, ...] | None
+        sizes: tuple[int, ...] | None
+        roi: tuple[float, ...]
+        # The fields of ResizeRequest.
+        mode: str
+        transform: str
+        nearest_mode: str
+        cubic_coeff_a: float
+        exclude_outside: bool
+        extrapolation_value: float
+        antialias: bool
+
+    def infer(self, dy):
+        a = self.attrs
+        req = ResizeRequest(a.mode, a.transform, a.nearest_mode, a.cubic_coeff_a,
+                            a.exclude_outside, a.extrapolation_value, a.antialias)
+        x = dy.with_shape(a.shape)
+        scales = None if a.scales is None else [_F32(s) for s in a.scales]
+        resized = self.plan(x, scales, a.sizes, list(a.roi), req)
+        if resized.shape != dy.shape:
+            raise ShapeError(
+                f"{self.debug_name}: gradient {dy} does not have the shape {list(resized.shape)} "
+                f"the forward resize of {x} produced.")
+        # Per step, in reverse: dy with the taps axis merged into the resized axis, and the
+        # zeros the taps add into.
+        self.adjoint = []
+        for axis, index, weight, view in reversed(self.steps):
+            merged = view[:axis] + (view[axis] * view[axis + 1],) + view[axis + 2 :]
+            zeros = view[:axis] + (a.shape[axis],) + view[axis + 2 :]
+            self.adjoint.append((axis, index, weight, merged, zeros))
+        return x
+
+    def kernel(self, dy):
+        out_dtype = dy.dtype
+        if self.mask is not None:
+            dy = torch.where(self.mask, dy.new_zeros(()), dy)
+        if self.steps and self.steps[0][2] is not None and dy.dtype != self.compute_dtype:
+            dy = dy.to(self.compute_dtype)
+        for axis, index, weight, merged, zeros in self.adjoint:
+            if weight is not None:
+                dy = (dy.unsqueeze(axis + 1) * weight).reshape(merged)
+            dy = dy.new_zeros(zeros).index_add_(axis, index, dy)
+        return dy.to(out_dtype) if dy.dtype != out_dtype else dy
 
 
 __all__: list[str] = []

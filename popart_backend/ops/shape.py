@@ -11,6 +11,12 @@ Shape, Size and EyeLike fold from static input infos (``fold_from_infos``), and 
 from its attribute, so the shape arithmetic exporters emit (Shape -> Gather -> Concat ->
 Reshape) disappears at import.
 
+Gradients sit next to each op. Reshape-like ops reshape the gradient back, Transpose applies
+the inverse permutation, Concat/Split swap roles, Expand and Tile sum the repeated copies, and
+Pad in constant mode pads the gradient by the negated pads. Slice and the non-constant Pad
+modes scatter the gradient back with dedicated grad ops (SliceGrad, PadGrad, ai.graphcore
+domain) that precompute their index plan in ``infer()``.
+
 Aliasing: Reshape, Squeeze, Unsqueeze, Flatten, Transpose, Slice (positive steps), Split,
 Expand and Identity return views of their input (Identity returns the input itself). This is
 safe because no kernel writes into its inputs or into a value another op may still read.
@@ -33,7 +39,7 @@ from ..errors import ShapeError, UnsupportedOpError
 from ..ir.op import NoAttrs, Op
 from ..ir.tensor import TensorInfo
 from .base import broadcast_shapes, normalize_axis
-from .registry import register_op
+from .registry import AI_GRAPHCORE, register_op
 
 INT64 = DataType.INT64
 
@@ -85,6 +91,18 @@ class _ViewOp(Op):
         return 0, 0
 
 
+def reshape_grad(g, grad_id: str, shape) -> str:
+    """``grad_id`` reshaped to ``shape`` (allowzero, so empty dims stay literal)."""
+    return g.op("Reshape", grad_id, g.const(np.array(shape, np.int64), "shape"), allowzero=1)
+
+
+class _Reshaping(_ViewOp):
+    """Same elements in the same order, another shape: the gradient is reshaped back."""
+
+    def grad(self, g):
+        g.set_input_grad(0, reshape_grad(g, g.output_grad(0), g.input_info(0).shape))
+
+
 # --- Reshape family ----------------------------------------------------------------------------
 
 
@@ -130,7 +148,7 @@ def reshape_target(op: Op, in_shape: tuple[int, ...], requested, allowzero: bool
 
 
 @register_op("Reshape", versions=(1, 5, 13, 14, 19, 21))
-class Reshape(_ViewOp):
+class Reshape(_Reshaping):
     """Reshape-1 takes ``shape`` as an attribute, 5+ as a constant input; 14+ adds allowzero."""
 
     @dataclass(frozen=True)
@@ -168,7 +186,7 @@ class Reshape(_ViewOp):
 
 
 @register_op("Squeeze", versions=(1, 11, 13, 21))
-class Squeeze(_ViewOp):
+class Squeeze(_Reshaping):
     """``axes`` is an attribute before 13 and an optional constant input from 13."""
 
     @dataclass(frozen=True)
@@ -204,7 +222,7 @@ class Squeeze(_ViewOp):
 
 
 @register_op("Unsqueeze", versions=(1, 11, 13, 21))
-class Unsqueeze(_ViewOp):
+class Unsqueeze(_Reshaping):
     """``axes`` (of the output) is an attribute before 13 and a constant input from 13."""
 
     @dataclass(frozen=True)
@@ -232,7 +250,7 @@ class Unsqueeze(_ViewOp):
 
 
 @register_op("Flatten", versions=(1, 9, 11, 13, 21))
-class Flatten(_ViewOp):
+class Flatten(_Reshaping):
     """2-D output [prod(shape[:axis]), prod(shape[axis:])]; negative axis from 11."""
 
     @dataclass(frozen=True)
@@ -279,6 +297,10 @@ class Transpose(_ViewOp):
     def kernel(self, x):
         return x.permute(self.perm)
 
+    def grad(self, g):
+        inverse = tuple(int(a) for a in np.argsort(self.perm))
+        g.set_input_grad(0, g.op("Transpose", g.output_grad(0), perm=inverse))
+
 
 @register_op("Identity", versions=(1, 13, 14, 16, 19, 21))
 class Identity(_ViewOp):
@@ -289,6 +311,9 @@ class Identity(_ViewOp):
 
     def kernel(self, x):
         return x
+
+    def grad(self, g):
+        g.set_input_grad(0, g.output_grad(0))
 
 
 # --- Slicing and joining -----------------------------------------------------------------------
@@ -375,11 +400,48 @@ class Slice(Op):
                 raise ShapeError(f"{self.debug_name}: the 'starts' and 'ends' inputs are required.")
         out_shape, self.index, self.flip = slice_indices(
             self, data.shape, starts, ends, axes, steps)
+        # The operands with defaults filled, for SliceGrad to rebuild the same plan.
+        self.operands = dict(
+            starts=tuple(starts), ends=tuple(ends),
+            axes=tuple(range(len(starts))) if axes is None else tuple(axes),
+            steps=(1,) * len(starts) if steps is None else tuple(steps))
         return data.with_shape(out_shape)
 
     def kernel(self, x, *operands):
         y = x[self.index]
         return torch.flip(y, self.flip) if self.flip else y
+
+    def grad(self, g):
+        g.set_input_grad(0, g.op("SliceGrad", g.output_grad(0), domain=AI_GRAPHCORE,
+                                 shape=g.input_info(0).shape, **self.operands))
+
+
+@register_op("SliceGrad", versions=1, domain=AI_GRAPHCORE)
+class SliceGrad(Op):
+    """dx = zeros of the sliced input's shape, with dy written where Slice read (any steps)."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        shape: tuple[int, ...]
+        starts: tuple[int, ...]
+        ends: tuple[int, ...]
+        axes: tuple[int, ...]
+        steps: tuple[int, ...]
+
+    def infer(self, dy):
+        a = self.attrs
+        sliced, self.index, self.flip = slice_indices(self, a.shape, a.starts, a.ends, a.axes,
+                                                      a.steps)
+        if sliced != dy.shape:
+            raise ShapeError(
+                f"{self.debug_name}: gradient {dy} does not have the slice's shape "
+                f"{_shape_str(sliced)} (input shape {_shape_str(a.shape)}).")
+        return dy.with_shape(a.shape)
+
+    def kernel(self, dy):
+        dx = dy.new_zeros(self.attrs.shape)
+        dx[self.index] = torch.flip(dy, self.flip) if self.flip else dy
+        return dx
 
 
 @register_op("Split", versions=(1, 2, 11, 13, 18))
@@ -464,6 +526,17 @@ class Split(_ViewOp):
         # A one-output node's plan slot takes the tensor itself, not a 1-tuple.
         return parts[0] if len(parts) == 1 else parts
 
+    def grad(self, g):
+        parts = []
+        for i, size in enumerate(self.sizes):
+            if self.outputs[i] is not None:
+                parts.append(g.output_grad(i))  # zeros when output i does not reach the loss
+            else:  # an output the node left unnamed
+                info = g.input_info(0)
+                shape = info.shape[:self.axis] + (size,) + info.shape[self.axis + 1:]
+                parts.append(g.const(np.zeros(shape, info.dtype.numpy), "zeros"))
+        g.set_input_grad(0, g.op("Concat", *parts, axis=self.axis))
+
 
 @register_op("Concat", versions=(1, 4, 11, 13))
 class Concat(Op):
@@ -499,6 +572,13 @@ class Concat(Op):
     def kernel(self, *xs):
         return torch.cat(xs, dim=self.axis)
 
+    def grad(self, g):
+        sizes = [t.info.shape[self.axis] for t in self.inputs]
+        parts = g.op("Split", g.output_grad(0), g.const(np.array(sizes, np.int64), "split"),
+                     axis=self.axis, num_outputs=len(sizes))
+        for i, part in enumerate(parts if len(sizes) > 1 else [parts]):
+            g.set_input_grad(i, part)
+
 
 # --- Padding and repetition --------------------------------------------------------------------
 
@@ -517,6 +597,21 @@ def _pad_source_index(out_dim: int, begin: int, in_dim: int, mode: str) -> torch
         j = np.mod(j, period)
         j = np.where(j >= in_dim, period - j, j)
     return torch.from_numpy(j.astype(np.int64))
+
+
+def _pad_gathers(op: Op, shape, out_shape, begins, ends, mode: str) -> list:
+    """Per padded axis (in axis order), the index of the input element each output position
+    copies (edge / reflect / wrap). Negative pads crop: the index skips the cropped part."""
+    gathers = []
+    for axis, (dim, b, e) in enumerate(zip(shape, begins, ends)):
+        if b == 0 and e == 0:
+            continue
+        lo, hi = max(0, -b), dim - max(0, -e)
+        kept = hi - lo
+        if kept == 0 and out_shape[axis] > 0:
+            raise ShapeError(f"{op.debug_name}: cannot pad an empty axis {axis} in '{mode}' mode.")
+        gathers.append((axis, _pad_source_index(out_shape[axis], max(b, 0), kept, mode) + lo))
+    return gathers
 
 
 @register_op("Pad", versions=(1, 2, 11, 13, 18, 19, 21))
@@ -586,6 +681,7 @@ class Pad(Op):
                 f"{data} below zero size (result {_shape_str(out_shape)})."
             )
         self.all_zero = not any(begins) and not any(ends)
+        self.pads = tuple(begins) + tuple(ends)
         if mode == "constant":
             # torch.nn.functional.pad lists (begin, end) pairs from the last axis backwards.
             self.torch_pads = tuple(p for a in reversed(range(rank)) for p in (begins[a], ends[a]))
@@ -593,18 +689,7 @@ class Pad(Op):
             self.fill = bool(fill) if data.dtype is DataType.BOOL else (
                 float(fill) if data.dtype.is_float else int(fill))
         else:
-            # Crop negative pads first, then copy from the cropped input by a per-axis index.
-            self.gathers = []
-            for axis, (dim, b, e) in enumerate(zip(data.shape, begins, ends)):
-                if b == 0 and e == 0:
-                    continue
-                lo, hi = max(0, -b), dim - max(0, -e)
-                kept = hi - lo
-                if kept == 0 and out_shape[axis] > 0:
-                    raise ShapeError(
-                        f"{self.debug_name}: cannot pad an empty axis {axis} in '{mode}' mode.")
-                index = _pad_source_index(out_shape[axis], max(b, 0), kept, mode) + lo
-                self.gathers.append((axis, index))
+            self.gathers = _pad_gathers(self, data.shape, out_shape, begins, ends, mode)
         return data.with_shape(out_shape)
 
     def kernel(self, x, pads=None, constant_value=None, axes=None):
@@ -615,6 +700,55 @@ class Pad(Op):
         for axis, index in self.gathers:
             x = x.index_select(axis, index)
         return x
+
+    def grad(self, g):
+        dy = g.output_grad(0)
+        if self.all_zero:
+            dx = dy
+        elif self.attrs.mode == "constant":
+            # The padding is constant, and the negated pads crop it off again (and pad what
+            # a negative pad cropped with zeros).
+            negated = g.const(np.array([-p for p in self.pads], np.int64), "pads")
+            dx = g.op("Pad", dy, negated, mode="constant")
+        else:
+            dx = g.op("PadGrad", dy, domain=AI_GRAPHCORE, shape=g.input_info(0).shape,
+                      pads=self.pads, mode=self.attrs.mode)
+        g.set_input_grad(0, dx)
+
+
+@register_op("PadGrad", versions=1, domain=AI_GRAPHCORE)
+class PadGrad(Op):
+    """dx of an edge / reflect / wrap Pad: each output gradient is added to the input element
+    it copied, undoing the per-axis gathers in reverse order."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        shape: tuple[int, ...]
+        pads: tuple[int, ...]  # full rank: begins then ends
+        mode: str
+
+    def infer(self, dy):
+        a = self.attrs
+        rank = len(a.shape)
+        begins, ends = a.pads[:rank], a.pads[rank:]
+        padded = tuple(d + b + e for d, b, e in zip(a.shape, begins, ends))
+        if len(a.pads) != 2 * rank or padded != dy.shape:
+            raise ShapeError(
+                f"{self.debug_name}: gradient {dy} does not match input shape "
+                f"{_shape_str(a.shape)} padded by {list(a.pads)}.")
+        # Undo the last gather first: scatter each axis back to its input size.
+        self.scatters = _pad_gathers(self, a.shape, padded, begins, ends, a.mode)[::-1]
+        shape = list(padded)
+        self.zero_shapes = []
+        for axis, _ in self.scatters:
+            shape[axis] = a.shape[axis]
+            self.zero_shapes.append(tuple(shape))
+        return dy.with_shape(a.shape)
+
+    def kernel(self, dy):
+        for (axis, index), shape in zip(self.scatters, self.zero_shapes):
+            dy = dy.new_zeros(shape).index_add_(axis, index, dy)
+        return dy
 
 
 @register_op("Tile", versions=(1, 6, 13))
@@ -645,6 +779,18 @@ class Tile(Op):
     def kernel(self, x, repeats=None, axis=None):
         return x.repeat(self.repeats) if self.repeats else x.clone()
 
+    def grad(self, g):
+        dy = g.output_grad(0)
+        shape = g.input_info(0).shape
+        if all(r == 1 for r in self.repeats):
+            g.set_input_grad(0, dy)
+            return
+        # Axis a of the output is [repeats[a], shape[a]] laid out flat: sum the copies.
+        split = [n for r, d in zip(self.repeats, shape) for n in (r, d)]
+        axes = g.const(np.arange(0, 2 * len(shape), 2, dtype=np.int64), "axes")
+        summed = g.op("ReduceSum", reshape_grad(g, dy, split), axes, keepdims=0)
+        g.set_input_grad(0, summed)
+
 
 @register_op("Expand", versions=(8, 13))
 class Expand(_ViewOp):
@@ -661,6 +807,9 @@ class Expand(_ViewOp):
 
     def kernel(self, x, shape=None):
         return x.expand(self.out_shape)
+
+    def grad(self, g):
+        g.set_input_grad(0, g.reduce_to_shape(g.output_grad(0), g.input_info(0).shape))
 
 
 # --- Shape queries and generators --------------------------------------------------------------
@@ -876,6 +1025,9 @@ class EyeLike(Op):
     def kernel(self, data):
         return torch.from_numpy(self.value.copy())
 
+    def grad(self, g):
+        """The output depends only on the input's shape: zero gradient."""
+
 
 @register_op("Trilu", versions=(14,))
 class Trilu(Op):
@@ -898,12 +1050,30 @@ class Trilu(Op):
     def kernel(self, x, k=None):
         return torch.triu(x, self.k) if self.attrs.upper else torch.tril(x, self.k)
 
+    def grad(self, g):
+        k = g.const(np.array(self.k, np.int64), "k")
+        g.set_input_grad(0, g.op("Trilu", g.output_grad(0), k, upper=self.attrs.upper))
+
 
 # --- Depth <-> space ---------------------------------------------------------------------------
 
 
+class _Rearrange(Op):
+    """x.reshape(split_shape).permute(perm).reshape(out_shape); the gradient runs it backwards."""
+
+    def kernel(self, x):
+        return x.reshape(self.split_shape).permute(self.perm).reshape(self.out_shape)
+
+    def grad(self, g):
+        permuted = tuple(self.split_shape[p] for p in self.perm)
+        inverse = tuple(int(a) for a in np.argsort(self.perm))
+        dy = reshape_grad(g, g.output_grad(0), permuted)
+        dy = g.op("Transpose", dy, perm=inverse)
+        g.set_input_grad(0, reshape_grad(g, dy, g.input_info(0).shape))
+
+
 @register_op("DepthToSpace", versions=(1, 11, 13))
-class DepthToSpace(Op):
+class DepthToSpace(_Rearrange):
     """[N, C, H, W] -> [N, C/b², H·b, W·b]; mode DCR (depth-column-row, default) or CRD (11+)."""
 
     @dataclass(frozen=True)
@@ -936,12 +1106,9 @@ class DepthToSpace(Op):
         self.out_shape = (n, c // (b * b), h * b, w * b)
         return data.with_shape(self.out_shape)
 
-    def kernel(self, x):
-        return x.reshape(self.split_shape).permute(self.perm).reshape(self.out_shape)
-
 
 @register_op("SpaceToDepth", versions=(1, 13))
-class SpaceToDepth(Op):
+class SpaceToDepth(_Rearrange):
     """[N, C, H, W] -> [N, C·b², H/b, W/b], the inverse of DepthToSpace in DCR mode."""
 
     @dataclass(frozen=True)
@@ -955,9 +1122,6 @@ class SpaceToDepth(Op):
                 f"{self.debug_name}: input '{self.inputs[0].id}' {data} must be 4-D [N,C,H,W] "
                 f"with H and W divisible by blocksize {b}.")
         n, c, h, w = data.shape
-        self.split_shape = (n, c, h // b, b, w // b, b)
+        self.split_shape, self.perm = (n, c, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4)
         self.out_shape = (n, c * b * b, h // b, w // b)
         return data.with_shape(self.out_shape)
-
-    def kernel(self, x):
-        return x.reshape(self.split_shape).permute(0, 3, 5, 1, 2, 4).reshape(self.out_shape)
