@@ -107,8 +107,11 @@ class L1(GraphcoreLoss):
 
 
 @register_op("L1Grad", versions=1, domain=AI_GRAPHCORE)
-class L1Grad(L1):
+class L1Grad(GraphcoreLoss):
     """dx = lambda * sign(x) * dloss (divided by the element count for Mean)."""
+
+    Attrs = L1.Attrs
+    attr_aliases = L1.attr_aliases
 
     def infer(self, dloss, x):
         return x
@@ -157,8 +160,10 @@ class Nll(GraphcoreLoss):
 
 
 @register_op("NllGrad", versions=1, domain=AI_GRAPHCORE)
-class NllGrad(Nll):
+class NllGrad(GraphcoreLoss):
     """d probs: -dloss / p at the label (-dloss for log-probabilities), 0 elsewhere."""
+
+    Attrs = Nll.Attrs
 
     def infer(self, dloss, probs, label):
         return probs
