@@ -16,6 +16,7 @@ from .tensorinfo import *  # noqa: F401,F403
 from .dataflow import *  # noqa: F401,F403
 from .builder import *  # noqa: F401,F403
 from .session import *  # noqa: F401,F403
+from .optimizers import *  # noqa: F401,F403
 
 globals().update(_make_throw_hooks())
 

@@ -1,0 +1,349 @@
+"""Optimizer update ops (ai.graphcore): one in-place op per weight and optimizer family.
+
+``popart_backend.optimizers`` adds these ops to the IR (spec §4.3, F39). Each update op reads
+
+    (weight, gradient, *state, clip factor | absent, *non-const hyper-parameters)
+
+and writes the weight and its state variables in place (``modifies_inputs``); its one output is
+the updated weight (``UpdatedVar___<w>``), which aliases the weight's storage.
+
+Hyper-parameters are op attributes when const. A non-const one is a scalar input named in
+``attrs.dynamic`` (in input order), read each run, so ``updateOptimizerFromHost`` changes it
+without recompiling. The gradient is first multiplied by ``grad_scale`` (1/lossScaling when that
+is const, and the Mean-reduction divisors), by the clip-norm factor when present, and divided by
+the ``loss_scaling`` input when loss scaling is not const.
+
+The formulas (written out in each class) follow torch.optim, which the tests compare against.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..dtypes import DataType
+from ..errors import ShapeError, popart_exception
+from ..ir.op import Op
+from ..ir.tensor import TensorInfo
+from .registry import AI_GRAPHCORE, register_op
+
+
+class OptimizerUpdate(Op):
+    """Base of the update ops: input layout, hyper-parameter lookup, gradient scaling."""
+
+    # Names of the state inputs, after (weight, gradient); any may be absent.
+    STATE: ClassVar[tuple[str, ...]] = ()
+    # Attrs fields that may instead come from a scalar input (listed in ``attrs.dynamic``).
+    HYPER: ClassVar[tuple[str, ...]] = ()
+    MODES: ClassVar[tuple[str, ...]] = ()
+    # Updates have side effects: never evaluate them at compile time.
+    foldable = False
+
+    def __init__(self, attrs=None, settings=None, version=None):
+        super().__init__(attrs, settings, version)
+        self.modifies_inputs = (0, *range(2, 2 + len(self.STATE)))
+        self._const = {name: float(getattr(self.attrs, name)) for name in self.HYPER}
+        self._divide_loss_scaling = "loss_scaling" in self.attrs.dynamic
+
+    def infer(self, weight, grad, *rest):
+        unknown = [d for d in self.attrs.dynamic if d not in self.HYPER]
+        if unknown:
+            raise popart_exception(
+                f"{self.debug_name}: dynamic hyper-parameter(s) {unknown} unknown; this op has "
+                f"{list(self.HYPER)}."
+            )
+        modes = [getattr(self.attrs, "mode", None)] if self.MODES else []
+        for mode in modes:
+            if mode not in self.MODES:
+                raise popart_exception(
+                    f"{self.debug_name}: mode '{mode}' unknown; use one of {list(self.MODES)}."
+                )
+        n = len(self.STATE)
+        if len(rest) != n + 1 + len(self.attrs.dynamic):
+            raise ShapeError(
+                f"{self.debug_name}: expects (weight, gradient, {', '.join(self.STATE)}, "
+                f"clip factor, {', '.join(self.attrs.dynamic)}) = "
+                f"{3 + n + len(self.attrs.dynamic)} inputs (absent ones as ''), "
+                f"got {2 + len(rest)}."
+            )
+        if grad.shape != weight.shape:
+            raise ShapeError(
+                f"{self.debug_name}: gradient {grad} does not match weight {weight}."
+            )
+        for name, info in zip(self.STATE, rest[:n]):
+            if info is not None and info.shape != weight.shape and name != "step":
+                raise ShapeError(
+                    f"{self.debug_name}: state '{name}' is {info}, the weight is {weight}."
+                )
+        for name, info in zip(("clip factor", *self.attrs.dynamic), rest[n:]):
+            if info is not None and info.nelms != 1:
+                raise ShapeError(f"{self.debug_name}: '{name}' must be a scalar, got {info}.")
+        return weight
+
+    def kernel(self, weight, grad, *rest):
+        n = len(self.STATE)
+        clip = rest[n]
+        h = self._const
+        if self.attrs.dynamic:
+            h = dict(h)
+            for name, value in zip(self.attrs.dynamic, rest[n + 1 :]):
+                h[name] = float(value)
+        factor = self.attrs.grad_scale
+        if clip is not None:
+            factor *= float(clip)
+        if self._divide_loss_scaling:
+            factor /= h["loss_scaling"]
+        # Compute in the state's dtype (e.g. f32 moments of an f16 weight).
+        state_dtype = next(
+            (s.dtype for name, s in zip(self.STATE, rest) if s is not None and name != "step"),
+            grad.dtype,
+        )
+        g = grad.to(state_dtype)
+        if factor != 1.0:
+            g = g * factor  # out of place: the gradient tensor may be read elsewhere
+        self.update(weight, g, h, *rest[:n])
+        return weight
+
+    def update(self, weight, grad, h, *state) -> None:
+        raise NotImplementedError
+
+
+# --- SGD --------------------------------------------------------------------------------------
+
+
+@register_op("SGDUpdate", versions=1, domain=AI_GRAPHCORE)
+class SGDUpdate(OptimizerUpdate):
+    """SGD with momentum, dampening, weight decay, velocity scaling and Nesterov (torch.optim.SGD).
+
+    With d = g + wd·w (g un-loss-scaled, clipped), PopART's velocity form is
+
+        v' = mm·v + (1 − dm)·d,     w' = w − lr·v'         (Nesterov: w' = w − lr·(d + mm·v'))
+
+    The velocity variable stores vs·v (velocity scaling keeps small velocities representable in
+    fp16) and the weight step is (lr/vs)·(vs·v'), so vs does not change the trajectory.
+    Two points follow torch rather than PopART: the first momentum step sets v' = d without
+    dampening (needs the ``step`` counter, present when dampening may be non-zero), and with
+    momentum 0 dampening is ignored (w' = w − lr·d).
+    """
+
+    STATE = ("velocity", "step")
+    HYPER = ("lr", "weight_decay", "momentum", "dampening", "velocity_scaling", "nesterov",
+             "loss_scaling")
+
+    @dataclass(frozen=True)
+    class Attrs:
+        lr: float = 0.1
+        weight_decay: float = 0.0
+        momentum: float = 0.0
+        dampening: float = 0.0
+        velocity_scaling: float = 1.0
+        nesterov: float = 0.0
+        loss_scaling: float = 1.0
+        grad_scale: float = 1.0
+        dynamic: tuple[str, ...] = ()
+
+    def update(self, w, g, h, velocity, step):
+        wd, lr = h["weight_decay"], h["lr"]
+        d = g.add(w.to(g.dtype), alpha=wd) if wd != 0.0 else g
+        if velocity is None:
+            w.add_(d.to(w.dtype), alpha=-lr)
+            return
+        mm, vs = h["momentum"], h["velocity_scaling"]
+        first = False
+        if step is not None:
+            first = float(step) == 0.0
+            step.add_(1.0)
+        if mm == 0.0 or first:
+            velocity.copy_(d).mul_(vs)
+        else:
+            velocity.mul_(mm).add_(d, alpha=vs * (1.0 - h["dampening"]))
+        if h["nesterov"] != 0.0:
+            w.add_(d.add(velocity, alpha=mm / vs).to(w.dtype), alpha=-lr)
+        else:
+            w.add_(velocity.to(w.dtype), alpha=-lr / vs)
+
+
+# --- Adam family ------------------------------------------------------------------------------
+
+ADAM_MODES = ("Adam", "AdamNoBias", "AdaMax", "Lamb", "LambNoBias")
+WEIGHT_DECAY_MODES = ("Decay", "L2Regularization")
+
+
+@register_op("AdamUpdate", versions=1, domain=AI_GRAPHCORE)
+class AdamUpdate(OptimizerUpdate):
+    """Adam, AdamW, AdamNoBias, AdaMax, Lamb, LambNoBias (torch.optim.Adam/AdamW/Adamax).
+
+    With g un-loss-scaled and clipped (L2Regularization: g += wd·w), t the step (1 first):
+
+        m' = β1·m + (1 − β1)·g
+        v' = β2·v + (1 − β2)·g²            AdaMax: v' = max(β2·v, |g| + ε)
+        m̂ = m'/(1 − β1ᵗ), v̂ = v'/(1 − β2ᵗ)  (no correction in the NoBias modes; AdaMax corrects m)
+        u = m̂/(√v̂ + ε)                     AdaMax: u = m̂/v'
+        Decay (decoupled, AdamW): u += wd·w
+        Lamb: r = min(‖w‖, maxWeightNorm)/‖u‖ (1 when either norm is 0), else r = 1
+        w' = w − lr·r·u
+
+    ε is added to √v̂ as torch does. ``scaled_state`` keeps m and v multiplied by lossScaling and
+    lossScaling² (PopART's scaled_optimizer_state, for fp16 state); the step is unchanged.
+    """
+
+    STATE = ("accl1", "accl2", "step")
+    HYPER = ("lr", "weight_decay", "beta1", "beta2", "eps", "max_weight_norm", "loss_scaling")
+    MODES = ADAM_MODES
+
+    @dataclass(frozen=True)
+    class Attrs:
+        lr: float = 0.1
+        weight_decay: float = 0.0
+        beta1: float = 0.9
+        beta2: float = 0.999
+        eps: float = 1e-6
+        max_weight_norm: float = 10.0
+        loss_scaling: float = 1.0
+        grad_scale: float = 1.0
+        mode: str = "Adam"
+        weight_decay_mode: str = "Decay"
+        scaled_state: bool = False
+        dynamic: tuple[str, ...] = ()
+
+    def update(self, w, g, h, m, v, step):
+        mode, lr, wd = self.attrs.mode, h["lr"], h["weight_decay"]
+        b1, b2, eps = h["beta1"], h["beta2"], h["eps"]
+        decoupled = self.attrs.weight_decay_mode == "Decay"
+        wf = w.to(m.dtype)
+        if wd != 0.0 and not decoupled:
+            g = g.add(wf, alpha=wd)
+        step.add_(1.0)
+        t = float(step)
+        s = h["loss_scaling"] if self.attrs.scaled_state else 1.0
+        m.mul_(b1).add_(g, alpha=(1.0 - b1) * s)
+        bias = mode in ("Adam", "AdaMax", "Lamb")
+        c1 = 1.0 - b1**t if bias else 1.0
+        if mode == "AdaMax":
+            v.mul_(b2)
+            torch.maximum(v, g.abs().mul_(s).add_(eps * s), out=v)
+            denom = v.mul(c1)
+        else:
+            v.mul_(b2).addcmul_(g, g, value=(1.0 - b2) * s * s)
+            c2 = 1.0 - b2**t if bias else 1.0
+            denom = v.sqrt().div_(math.sqrt(c2) * s).add_(eps).mul_(c1 * s)
+        if mode in ("Lamb", "LambNoBias"):
+            u = m.div(denom)
+            if wd != 0.0 and decoupled:
+                u.add_(wf, alpha=wd)
+            r1 = min(float(torch.linalg.vector_norm(wf)), h["max_weight_norm"])
+            r2 = float(torch.linalg.vector_norm(u))
+            ratio = r1 / r2 if r1 > 0.0 and r2 > 0.0 else 1.0
+            w.add_(u.to(w.dtype), alpha=-lr * ratio)
+            return
+        if wd != 0.0 and decoupled:
+            w.mul_(1.0 - lr * wd)
+        w.add_(m.div(denom).to(w.dtype), alpha=-lr)
+
+
+# --- Adaptive family --------------------------------------------------------------------------
+
+ADAPTIVE_MODES = ("AdaGrad", "RMSProp", "CenteredRMSProp", "AdaDelta")
+
+
+@register_op("AdaptiveUpdate", versions=1, domain=AI_GRAPHCORE)
+class AdaptiveUpdate(OptimizerUpdate):
+    """AdaGrad, RMSProp, centered RMSProp, AdaDelta (torch.optim.Adagrad/RMSprop/Adadelta).
+
+    With g un-loss-scaled and clipped (L2Regularization: g += wd·w), α = alpha:
+
+        AdaGrad:   a1' = a1 + g²;                      u = g/(√a1' + ε)
+        RMSProp:   a1' = α·a1 + (1 − α)·g²;            u = g/(√a1' + ε)
+        Centered:  a2' = α·a2 + (1 − α)·g;             u = g/(√(a1' − a2'²) + ε)
+        AdaDelta:  a1' as RMSProp; u = √(a2 + ε)/√(a1' + ε)·g;  a2' = α·a2 + (1 − α)·u²
+        momentum:  a3' = mm·a3 + u; u = a3'            (a3 present when momentum may be non-zero)
+        Decay (decoupled): w ← w·(1 − lr·wd)
+        w' = w − lr·u
+
+    ``tf_variant`` (TensorFlow's RMSProp) puts ε inside the square root, √(a1' + ε), and starts
+    a1 at 1 (the optimizer initialises the state).
+    """
+
+    STATE = ("accl1", "accl2", "accl3")
+    HYPER = ("lr", "weight_decay", "alpha", "momentum", "eps", "loss_scaling")
+    MODES = ADAPTIVE_MODES
+
+    @dataclass(frozen=True)
+    class Attrs:
+        lr: float = 0.01
+        weight_decay: float = 0.0
+        alpha: float = 0.99
+        momentum: float = 0.0
+        eps: float = 1e-6
+        loss_scaling: float = 1.0
+        grad_scale: float = 1.0
+        mode: str = "RMSProp"
+        weight_decay_mode: str = "Decay"
+        tf_variant: bool = False
+        dynamic: tuple[str, ...] = ()
+
+    def update(self, w, g, h, a1, a2, a3):
+        mode, lr, wd = self.attrs.mode, h["lr"], h["weight_decay"]
+        alpha, eps = h["alpha"], h["eps"]
+        decoupled = self.attrs.weight_decay_mode == "Decay"
+        tf = self.attrs.tf_variant
+        if wd != 0.0 and not decoupled:
+            g = g.add(w.to(g.dtype), alpha=wd)
+        if mode == "AdaDelta":
+            a1.mul_(alpha).addcmul_(g, g, value=1.0 - alpha)
+            std = a1.add(eps).sqrt_()
+            u = a2.add(eps).sqrt_().div_(std).mul_(g)
+            a2.mul_(alpha).addcmul_(u, u, value=1.0 - alpha)
+        else:
+            if mode == "AdaGrad":
+                a1.addcmul_(g, g)
+            else:
+                a1.mul_(alpha).addcmul_(g, g, value=1.0 - alpha)
+            avg = a1
+            if mode == "CenteredRMSProp":
+                a2.mul_(alpha).add_(g, alpha=1.0 - alpha)
+                avg = a1.addcmul(a2, a2, value=-1.0)
+            denom = avg.add(eps).sqrt_() if tf else avg.sqrt().add_(eps)
+            u = g.div(denom)
+        if a3 is not None:
+            a3.mul_(h["momentum"]).add_(u)
+            u = a3
+        if wd != 0.0 and decoupled:
+            w.mul_(1.0 - lr * wd)
+        w.add_(u.to(w.dtype), alpha=-lr)
+
+
+# --- gradient clipping ------------------------------------------------------------------------
+
+
+@register_op("GlobalNormClipFactor", versions=1, domain=AI_GRAPHCORE)
+class GlobalNormClipFactor(Op):
+    """f = min(1, maxNorm/(‖(g_1, …, g_n)‖ + 1e-6)) over the un-loss-scaled gradients.
+
+    The norm is the 2-norm of all listed gradients together (torch.nn.utils.clip_grad_norm_,
+    including its 1e-6); each gradient is multiplied by ``grad_scale`` and, when
+    ``divide_loss_scaling``, divided by the last input (the non-const lossScaling) first.
+    """
+
+    @dataclass(frozen=True)
+    class Attrs:
+        max_norm: float = 1.0
+        grad_scale: float = 1.0
+        divide_loss_scaling: bool = False
+
+    def infer(self, *grads):
+        if not grads:
+            raise ShapeError(f"{self.debug_name}: needs at least one gradient.")
+        return TensorInfo(DataType.FLOAT, ())
+
+    def kernel(self, *grads):
+        scale = self.attrs.grad_scale
+        if self.attrs.divide_loss_scaling:
+            *grads, loss_scaling = grads
+            scale /= float(loss_scaling)
+        norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
+        total = torch.linalg.vector_norm(norms) * scale
+        return torch.clamp(self.attrs.max_norm / (total + 1e-6), max=1.0)
