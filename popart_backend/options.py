@@ -807,13 +807,11 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "enableReplicatedGraphs": ByMode(BUILT, pending(5, "replicated training")),
     "replicatedGraphCount": ByMode(BUILT, pending(5, "replicated training")),
     # Inference rejects accumulation itself with the spec's message (session.py).
-    "enableGradientAccumulation": ByMode(BUILT, pending(3, "gradient accumulation")),
-    "accumulationFactor": ByMode(BUILT, pending(3, "gradient accumulation")),
-    "accumulationAndReplicationReductionType": ByMode(
-        no_effect(_INFERENCE_ONLY_GRADS), pending(3, "gradient reduction types")
-    ),
+    "enableGradientAccumulation": BUILT,
+    "accumulationFactor": BUILT,
+    "accumulationAndReplicationReductionType": ByMode(no_effect(_INFERENCE_ONLY_GRADS), BUILT),
     "meanAccumulationAndReplicationReductionStrategy": ByMode(
-        no_effect(_INFERENCE_ONLY_GRADS), pending(3, "mean reduction strategies")
+        no_effect(_INFERENCE_ONLY_GRADS), BUILT
     ),
     "enableDistributedReplicatedGraphs": pending(5, "distributed replication"),
     "globalReplicationFactor": pending(5, "distributed replication"),

@@ -1,6 +1,7 @@
 """Sessions: import a model, compile it for the simulated device, run it with step IO (§2.1, §4).
 
-``InferenceSession`` runs the forward graph. Construction imports the model, checks options and
+``InferenceSession`` runs the forward graph; ``TrainingSession`` adds the backward pass, gradient
+accumulation and the optimizer (docs/training.md) and updates the weights on the device. Construction imports the model, checks options and
 anchors and runs the inference passes; ``prepareDevice()`` lowers the Ir to a Program and
 compiles it (execution plan, anchor write tables); ``run(stepio)`` executes one step of
 ``batchesPerStep`` batches. Weights keep a host copy (``writeWeights`` / ``readWeights``) and a
@@ -21,9 +22,11 @@ from .dataflow import DataFlow, PyWeightsIO, anchor_shape
 from .device.lower import Program, lower
 from .device.manager import DeviceConnectionType
 from .device.simulator import SimulatedDevice
-from .errors import NotImplementedOptionError, popart_exception
+from .errors import NotImplementedOptionError, popart_exception, popart_runtime_error
+from .ir.ir import Ir
 from .ir.tensor import TensorKind
 from .onnx_import import LoadedModel, import_model, initializer_value, load_model
+from .optimizers import Optimizer
 from .options import Patterns, SessionOptions, SyntheticDataMode, check_buildable
 from .tensorinfo import (
     ExchangeStrategy,
@@ -32,9 +35,9 @@ from .tensorinfo import (
     TileSet,
     input_settings_from_model,
 )
-from .transforms.pipeline import inference_passes, run_passes
+from .transforms.pipeline import ApplyOptimizer, inference_passes, run_passes, training_passes
 
-__all__ = ["InferenceSession"]
+__all__ = ["InferenceSession", "TrainingSession"]
 
 _log = logging.getLogger("popart:session")
 
@@ -49,7 +52,9 @@ class SessionBase:
     """What inference and training sessions share: import, anchors, device, weights, run.
 
     A subclass sets ``_training`` and overrides the hooks ``_constant_weights()``,
-    ``_passes()`` and ``_check_mode_options()``.
+    ``_passes()`` and ``_check_mode_options()``. Anchors are checked on the imported graph, or,
+    for training (whose anchors may name gradients and other tensors the passes create), after
+    the passes.
     """
 
     _training = False
@@ -99,9 +104,12 @@ class SessionBase:
             constant_weights=self._constant_weights(),
             strict_op_versions=userOptions.strictOpVersions,
         )
-        self._check_anchors_exist()
+        if not self._training:
+            self._check_anchors_exist()
         self._ir.anchors = dataFlow.anchors()
         run_passes(self._ir, self._passes())
+        if self._training:
+            self._check_anchors_exist()
         self._program: Program = lower(self._ir, dataFlow, self._replication_factor,
                                        self._accumulation_factor)
         self._check_device()
@@ -113,6 +121,7 @@ class SessionBase:
         self._random_seed = 0
         self._device: SimulatedDevice | None = None
         self._engine_loaded = False
+        self._weights_written = False
 
     # --- construction checks ----------------------------------------------------------------
 
@@ -157,9 +166,11 @@ class SessionBase:
             hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             lines.append(f"Anchor '{anchor_id}' is not a tensor of the model.{hint}")
         outputs = ", ".join(repr(o) for o in self._ir.main.outputs)
+        where = ("tensors of the training graph (ONNX tensors, 'Gradient___<weight>', ...)"
+                 if self._training else "tensors of the ONNX graph")
         raise popart_exception(
-            "\n".join(lines) + f"\nDataFlow anchors must name tensors of the ONNX graph (its "
-            f"outputs are {outputs})."
+            "\n".join(lines) + f"\nDataFlow anchors must name {where} (its outputs are "
+            f"{outputs})."
         )
 
     def _check_device(self) -> None:
@@ -250,6 +261,11 @@ class SessionBase:
     def run(self, stepio, debugName: str = "") -> None:  # noqa: N803
         """Run one step: batchesPerStep batches, reading inputs and writing anchors (F48)."""
         device = self._ready_device("run()")
+        if self._training and self._host_weights and not self._weights_written:
+            raise popart_runtime_error(
+                "Must call weightsFromHost before run as the model has initializers and the "
+                "session has been created in training mode"
+            )
         if debugName:
             _log.debug("run '%s'", debugName)
         device.run(stepio)
@@ -306,6 +322,7 @@ class SessionBase:
         """Copy the host weights to the device (F36)."""
         device = self._ready_device("weightsFromHost()")
         device.write_weights(self._host_weights)
+        self._weights_written = True
 
     def weightsToHost(self) -> None:  # noqa: N802
         """Copy the device weights to the host copies (F37)."""
@@ -462,3 +479,94 @@ class InferenceSession(SessionBase):
         super().resetHostWeights(modelProtoOrFilename,
                                  ignoreWeightsInModelWithoutCorrespondingHostWeight)
 
+
+
+class TrainingSession(SessionBase):
+    """Train a model on the simulated device: forward, backward, optimizer (F6, F50).
+
+    ``TrainingSession(fnModel, dataFlow, loss, optimizer, deviceInfo,
+    inputShapeInfo=InputShapeInfo(), patterns=None, userOptions=SessionOptions(),
+    name="training")``
+
+    One ``run()`` makes ``batchesPerStep`` weight updates, each over ``accumulationFactor``
+    micro-batches. Host copies cover every variable: weights, optimizer state, accumulators and
+    non-const optimizer values; ``weightsFromHost()`` writes them all to the device.
+    """
+
+    _training = True
+
+    def __init__(self, fnModel, dataFlow, loss, optimizer, deviceInfo,  # noqa: N803
+                 inputShapeInfo: InputShapeInfo | None = None, patterns=None,  # noqa: N803
+                 userOptions: SessionOptions | None = None, name: str = "training"):  # noqa: N803
+        if not isinstance(loss, str):
+            raise popart_exception(
+                f"TrainingSession: loss must be the id (str) of the final loss tensor, not "
+                f"{type(loss).__name__}."
+            )
+        if not isinstance(optimizer, Optimizer):
+            raise popart_exception(
+                f"TrainingSession: optimizer must be a popart optimizer (SGD, ConstSGD, Adam, "
+                f"Adaptive), not {type(optimizer).__name__}."
+            )
+        self._loss_id = loss
+        self._optimizer = optimizer
+        self._apply_optimizer: ApplyOptimizer | None = None
+        super().__init__(
+            fnModel, dataFlow, deviceInfo,
+            InputShapeInfo() if inputShapeInfo is None else inputShapeInfo,
+            patterns,
+            SessionOptions() if userOptions is None else userOptions,
+            name,
+        )
+
+    def _check_mode_options(self, options: SessionOptions) -> None:
+        if options.enableGradientAccumulation and options.accumulationFactor < 1:
+            raise popart_exception(
+                f"enableGradientAccumulation is true, but accumulationFactor = "
+                f"{options.accumulationFactor}; it must be at least 1."
+            )
+
+    def _passes(self) -> list:
+        self._check_loss()
+        passes = training_passes(self._options, self._loss_id, self._optimizer,
+                                 self._accumulation_factor, self._replication_factor)
+        self._apply_optimizer = next(p for p in passes if isinstance(p, ApplyOptimizer))
+        return passes
+
+    def _check_loss(self) -> None:
+        tensors = self._ir.main.tensors
+        if self._loss_id in tensors:
+            return
+        close = difflib.get_close_matches(self._loss_id, list(tensors), n=3)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        outputs = ", ".join(repr(o) for o in self._ir.main.outputs)
+        raise popart_exception(
+            f"TrainingSession: the loss '{self._loss_id}' is not a tensor of the model.{hint} "
+            f"Pass the id of the final (reduced) loss, e.g. the output of "
+            f"builder.aiGraphcore.l1loss(...); the graph outputs are {outputs}."
+        )
+
+    def getIr(self) -> Ir:  # noqa: N802 - PopART's name
+        """The session's IR after the training passes (forward, backward, optimizer)."""
+        return self._ir
+
+    def updateOptimizerFromHost(self, optimizer) -> None:  # noqa: N802
+        """Replace the optimizer's non-const values; the next ``run()`` uses them (F38).
+
+        The class, structure and const values must not change (spec §4.3).
+        """
+        if not isinstance(optimizer, Optimizer):
+            raise popart_exception(
+                f"updateOptimizerFromHost needs a popart optimizer, not "
+                f"{type(optimizer).__name__}."
+            )
+        self._optimizer.check_update(optimizer)
+        changed = {}
+        for tensor_id, (key, weight_id) in self._apply_optimizer.tensors.hyper_params.items():
+            value = optimizer.hyper_parameter_values(weight_id)[key]
+            host = self._host_weights[tensor_id]
+            host[...] = value
+            changed[tensor_id] = host
+        if changed and self._device is not None and self._engine_loaded and not self._offline():
+            self._device.write_weights(changed)
+        self._optimizer = optimizer

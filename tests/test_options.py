@@ -441,13 +441,14 @@ def test_check_buildable_lists_every_offending_field_at_once():
     )
 
 
-def test_accumulation_is_built_for_inference_and_pending_3_for_training():
+def test_accumulation_is_built_for_inference_and_training():
     opts = popart.SessionOptions()
     opts.enableGradientAccumulation = True
     opts.accumulationFactor = 4
+    opts.accumulationAndReplicationReductionType = popart.ReductionType.Mean
+    opts.meanAccumulationAndReplicationReductionStrategy = popart.MeanReductionStrategy.Running
     check_buildable(opts, training=False)  # the session itself rejects it with the spec message
-    with pytest.raises(NotImplementedOptionError, match=r"accumulationFactor = 4.*issue #3"):
-        check_buildable(opts, training=True)
+    check_buildable(opts, training=True)
 
 
 def test_replication_is_built_for_inference_and_pending_for_training():

@@ -4,6 +4,10 @@ A Program names everything the device needs and nothing about how the IR was bui
 schedule of the main graph, the host input streams read every micro-batch, the anchor streams
 written back (with the §4.2 arithmetic already applied), the weights, and the loop counts of
 one ``run()`` (batches per step × accumulation factor × local replicas, in that nesting).
+
+Training programs have two fragments (docs/training.md): ops of the ``Normal`` context run
+every micro-batch, ops of the ``AccumulateOuterFragment`` once per weight update, after the
+last micro-batch of its accumulation window. Only variables may carry values between them.
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ from ..dataflow import (
     anchor_fetches_per_run,
     anchor_shape,
 )
-from ..errors import popart_internal_exception
+from ..errors import popart_exception, popart_internal_exception
 from ..ir.graph import Graph
 from ..ir.ir import Ir
-from ..ir.op import Op
+from ..ir.op import ExecutionContext, Op
 from ..ir.tensor import TensorInfo, TensorKind
+
+# The variable the device writes before each micro-batch (transforms/random_seed.py).
+RANDOM_SEED_ID = "randomSeed___"
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,10 @@ class Program:
     accumulation_factor: int
     replication_factor: int
     ipus_per_replica: int
+    # The random-seed variable when some op reads it, else None.
+    random_seed_id: str | None = None
+    # True when some op runs in the accumulate outer fragment (once per weight update).
+    has_outer_fragment: bool = False
 
     @property
     def micro_batches_per_run(self) -> int:
@@ -98,10 +109,13 @@ def lower(ir: Ir, data_flow: DataFlow, replication_factor: int = 1,
             inputs.append(InputStream(tensor_id, tensor.info))
         else:
             unused.add(tensor_id)
-    weights = [t.id for t in graph.tensors.values() if t.kind is TensorKind.VARIABLE]
+    weights = [t.id for t in graph.tensors.values()
+               if t.kind is TensorKind.VARIABLE and t.id != RANDOM_SEED_ID]
+    schedule = graph.topo_order()
+    has_outer = _check_fragments(graph, schedule, anchors)
     return Program(
         graph=graph,
-        schedule=graph.topo_order(),
+        schedule=schedule,
         inputs=inputs,
         unused_inputs=frozenset(unused),
         anchors=anchors,
@@ -110,4 +124,34 @@ def lower(ir: Ir, data_flow: DataFlow, replication_factor: int = 1,
         accumulation_factor=accumulation_factor,
         replication_factor=replication_factor,
         ipus_per_replica=1,  # TODO(#5): virtual graphs place a replica on several IPUs
+        random_seed_id=RANDOM_SEED_ID if RANDOM_SEED_ID in graph.tensors else None,
+        has_outer_fragment=has_outer,
     )
+
+
+def _check_fragments(graph: Graph, schedule: list[Op], anchors: list[AnchorStream]) -> bool:
+    """Check that only variables cross from the outer fragment; True if it has ops."""
+    outer = ExecutionContext.AccumulateOuterFragment
+    outer_ops = [op for op in schedule if op.settings.execution_context is outer]
+    for op in schedule:
+        if op.settings.execution_context is outer:
+            continue
+        for t in op.inputs:
+            if t is not None and t.producer is not None and (
+                t.producer.settings.execution_context is outer
+            ):
+                raise popart_internal_exception(
+                    f"{op.debug_name} runs every micro-batch but reads '{t.id}', which "
+                    f"{t.producer.debug_name} computes in the accumulate outer fragment; only "
+                    f"variables may cross fragments."
+                )
+    for anchor in anchors:
+        producer = graph.tensors[anchor.id].producer
+        if producer is not None and producer.settings.execution_context is outer:
+            raise popart_exception(
+                f"Anchor '{anchor.id}' is computed by {producer.debug_name} once per weight "
+                f"update (the accumulate outer fragment), not every micro-batch, so it has no "
+                f"value per micro-batch to return. Anchor the weight or the gradient "
+                f"'Gradient___<weight>' instead, or read weights with weightsToHost()."
+            )
+    return bool(outer_ops)

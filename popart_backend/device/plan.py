@@ -3,6 +3,10 @@
 ``prepareDevice()`` turns a scheduled graph into a flat list of steps over numbered slots:
 each step is a pre-bound kernel with the slot numbers of its inputs and outputs, and the slots
 it frees afterwards. ``execute()`` then does no graph walking and no name lookups.
+
+Steps are grouped by the ``ExecutionContext`` of their op (docs/training.md): the ``Normal``
+fragment runs every micro-batch, the ``AccumulateOuterFragment`` once per weight update. The
+fragments share one slot table, so variables written in one are read in the other.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import torch
 
 from ..errors import popart_runtime_error
 from ..ir.graph import Graph
-from ..ir.op import Op
+from ..ir.op import ExecutionContext, Op
 from ..ir.tensor import TensorKind
 
 
@@ -32,7 +36,13 @@ class ExecutionPlan:
 
     def __init__(self, graph: Graph, keep: Iterable[str], order: list[Op] | None = None):
         self.graph = graph
-        self.order = order if order is not None else graph.topo_order()
+        order = order if order is not None else graph.topo_order()
+        # Fragments in the order one weight update runs them (stable within each fragment).
+        # Scheduling constraints between fragments are met by that order: an outer-fragment
+        # reader of a variable scheduled "before" a Normal writer reads it after the last
+        # micro-batch, which is the value it must see.
+        contexts = list(ExecutionContext)
+        self.order = sorted(order, key=lambda op: contexts.index(op.settings.execution_context))
         keep = set(keep)
         self.slot: dict[str, int] = {}
         values: list[torch.Tensor | None] = []
@@ -81,11 +91,15 @@ class ExecutionPlan:
                 frees.setdefault(position, []).append(s)
 
         self.steps = []
+        self.fragments: dict[ExecutionContext, list[tuple]] = {c: [] for c in ExecutionContext}
         for position, (op, ins, outs) in enumerate(raw_steps):
             single = len(outs) == 1
-            self.steps.append(
-                (op.kernel, ins, outs[0] if single else outs, single, tuple(frees.get(position, ())), op)
-            )
+            step = (op.kernel, ins, outs[0] if single else outs, single,
+                    tuple(frees.get(position, ())), op)
+            self.steps.append(step)
+            self.fragments[op.settings.execution_context].append(step)
+        self.normal_steps = self.fragments[ExecutionContext.Normal]
+        self.outer_steps = self.fragments[ExecutionContext.AccumulateOuterFragment]
         self.values = values
 
     def set_value(self, tensor_id: str, value: torch.Tensor) -> None:
@@ -95,18 +109,20 @@ class ExecutionPlan:
         return self.values[self.slot[tensor_id]]
 
     def execute(self) -> None:
-        """Run every step once over the current slot values."""
+        """Run every step once over the current slot values (all fragments, in order)."""
         with torch.inference_mode(False), torch.no_grad():
-            self.execute_in_no_grad()
+            self.execute_in_no_grad(self.steps)
 
-    def execute_in_no_grad(self) -> None:
-        """``execute()`` for callers already inside ``torch.no_grad()`` (and not in inference
-        mode): a run loop enters the context once instead of once per micro-batch, which
-        costs about as much as a small kernel."""
+    def execute_in_no_grad(self, steps: list[tuple] | None = None) -> None:
+        """Run ``steps`` (default: the Normal fragment) for callers already inside
+        ``torch.no_grad()`` (and not in inference mode): a run loop enters the context once
+        instead of once per micro-batch, which costs about as much as a small kernel."""
+        if steps is None:
+            steps = self.normal_steps
         v = self.values
         index = 0
         try:
-            for index, (fn, ins, out, single, frees, _op) in enumerate(self.steps):
+            for index, (fn, ins, out, single, frees, _op) in enumerate(steps):
                 result = fn(*[v[i] if i >= 0 else None for i in ins])
                 if single:
                     v[out] = result
@@ -119,7 +135,7 @@ class ExecutionPlan:
         except popart_runtime_error:
             raise
         except Exception as exc:
-            op = self.steps[index][5]
+            op = steps[index][5]
             shapes = ", ".join(
                 f"'{t.id}' {t.info}" if t is not None else "<absent>" for t in op.inputs
             )

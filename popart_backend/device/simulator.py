@@ -7,6 +7,11 @@ binds input chunks to slots, executes the plan and copies anchor values into hos
 Micro-batch ``k = (b·af + a)·rf + r`` runs batch b, accumulation step a on local replica r; it
 reads chunk k of every input array. Replicas share the inference weights, so they execute the
 same plan one after the other.
+
+Training: after the last micro-batch of each accumulation window (a = af − 1, all replicas)
+the plan's accumulate outer fragment runs (optimizer step, accumulator reset). Before every
+micro-batch the device writes the random-seed variable (user seed, micro-batch counter), so
+seeded ops draw new values each micro-batch and replay them after ``set_seed``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 from ..dataflow import AnchorReturnTypeId, PyStepIO, PyStepIOCallback, anchor_fetch_index
 from ..errors import StepIOError
 from .lower import AnchorStream, InputStream, Program
-from .plan import ExecutionPlan
+from .plan import ExecutionPlan, to_torch
 
 _log = logging.getLogger("popart:devicex")
 
@@ -46,6 +51,15 @@ class SimulatedDevice:
             torch.zeros(i.info.shape, dtype=i.info.dtype.torch) for i in program.inputs
         ]
         self._actions, self._accumulators = self._anchor_actions()
+        window = program.accumulation_factor * program.replication_factor
+        self._outer_steps = self.plan.outer_steps if program.has_outer_fragment else None
+        # Micro-batch k ends an accumulation window (then the outer fragment runs).
+        self._window_end = [k % window == window - 1
+                            for k in range(program.micro_batches_per_run)]
+        self._seed = (self.plan.get_value(program.random_seed_id)
+                      if program.random_seed_id is not None else None)
+        self._micro_batch_counter = 0
+        self.set_seed(seed)
 
     # --- compile-time tables ------------------------------------------------------------------
 
@@ -85,14 +99,22 @@ class SimulatedDevice:
         """Host -> device for the given weights (shapes and dtypes already checked)."""
         with torch.no_grad():
             for tensor_id, array in values.items():
-                self.plan.get_value(tensor_id).copy_(torch.from_numpy(np.ascontiguousarray(array)))
+                self.plan.get_value(tensor_id).copy_(to_torch(array))
 
     def read_weights(self, ids) -> dict[str, np.ndarray]:
         """Device -> host copies of the given weights."""
         return {tensor_id: self.plan.get_value(tensor_id).numpy().copy() for tensor_id in ids}
 
     def set_seed(self, seed: int) -> None:
+        """Seed synthetic data and seeded ops; restarts the micro-batch counter."""
         self._generator.manual_seed(seed)
+        self._micro_batch_counter = 0
+        if self._seed is not None:
+            self._seed[0] = seed
+
+    def _next_seed(self) -> None:
+        self._seed[1] = self._micro_batch_counter
+        self._micro_batch_counter += 1
 
     # --- running ------------------------------------------------------------------------------
 
@@ -133,10 +155,14 @@ class SimulatedDevice:
         accumulators = self._accumulators
         values = self.plan.values
         execute = self.plan.execute_in_no_grad
+        outer, window_end = self._outer_steps, self._window_end
+        seeded = self._seed is not None
         with torch.inference_mode(False), torch.no_grad():
             for k in range(total):
                 for slot, chunks in slots_feeds:
                     values[slot] = chunks[k]
+                if seeded:
+                    self._next_seed()
                 execute()
                 for kind, source, index, j in actions[k]:
                     value = values[source]
@@ -150,6 +176,8 @@ class SimulatedDevice:
                         accumulator = accumulators[index][j]
                         accumulator.add_(value)
                         destinations[index][j].copy_(accumulator)
+                if outer is not None and window_end[k]:
+                    execute(outer)
         # Offsets move only after a complete run, so a failed run leaves the step IO as it was.
         stepio.input_offsets.update(in_offsets)
         stepio.output_offsets.update(out_offsets)
@@ -160,6 +188,7 @@ class SimulatedDevice:
         accumulators = self._accumulators
         values = self.plan.values
         execute = self.plan.execute_in_no_grad
+        outer, window_end = self._outer_steps, self._window_end
         with torch.inference_mode(False), torch.no_grad():
             for k in range(p.micro_batches_per_run):
                 if feeds is None:
@@ -169,6 +198,8 @@ class SimulatedDevice:
                 else:
                     for slot, chunks in zip(self._input_slots, feeds):
                         values[slot] = chunks[k]
+                if self._seed is not None:
+                    self._next_seed()
                 execute()
                 if feeds is None:
                     for stream in p.inputs:
@@ -188,6 +219,8 @@ class SimulatedDevice:
                     array = stepio.output_callback(anchor.id)
                     _callback_output(anchor, array).copy_(value)
                     stepio.output_complete_callback(anchor.id)
+                if outer is not None and window_end[k]:
+                    execute(outer)
 
 
 # --- binding PyStepIO arrays ------------------------------------------------------------------

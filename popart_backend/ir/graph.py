@@ -117,12 +117,20 @@ class Graph:
                     if reader is not op:
                         self.add_constraint(reader, op)
         for t in op.inputs:
-            # A later reader of a tensor some op modifies in place must read it before.
-            if t is not None:
+            # A later reader of a tensor some op modifies in place must read it before. A later
+            # writer runs after the earlier ones instead (the loop above), or two writers of one
+            # accumulator would each wait for the other.
+            if t is not None and not _modifies(op, t):
                 for writer in t.consumers:
                     if writer is not op and _modifies(writer, t):
                         self.add_constraint(op, writer)
         return op
+
+    def append_input(self, op: Op, tensor_id: str) -> None:
+        """Connect ``tensor_id`` as a new last input of ``op`` (the random seed, say)."""
+        tensor = self.tensor(tensor_id)
+        op.inputs.append(tensor)
+        tensor.consumers.append(op)
 
     def add_constraint(self, before: Op, after: Op) -> None:
         """Schedule ``before`` ahead of ``after`` even without a data edge between them."""

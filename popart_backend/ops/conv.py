@@ -1,16 +1,22 @@
-"""Convolutions: Conv and ConvTranspose over 1, 2 or 3 spatial dims, plus the padding rules
-(explicit pads, auto_pad, ceil mode) that the pooling ops share."""
+"""Convolutions: Conv and ConvTranspose over 1, 2 or 3 spatial dims with their gradients, plus
+the padding rules (explicit pads, auto_pad, ceil mode) that the pooling ops share.
+
+The grad ops compute every wanted gradient (input, weights, bias) in one call of torch's
+``convolution_backward``, the kernel torch's own autograd uses.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
-from .registry import register_op
+from .registry import AI_GRAPHCORE, register_op
 
 AUTO_PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -200,6 +206,64 @@ class Conv(Op):
             x = F.pad(x, self._pre_pad)
         return self._fn(x, w, b, self._stride, self._padding, self._dilation, self._groups)
 
+    def grad(self, g):
+        _conv_grads(self, g, "ConvGrad")
+
+
+def _conv_grads(op: Op, g, grad_type: str) -> None:
+    """One grad op for all of X, W, B that need a gradient; its outputs follow ``wrt``."""
+    wrt = tuple(i for i in range(len(op.inputs)) if g.has_input(i) and g.needs_input_grad(i))
+    if not wrt:
+        return
+    attrs = dataclasses.asdict(op.attrs)
+    grads = g.op(grad_type, g.output_grad(0), g.input(0), g.input(1), domain=AI_GRAPHCORE,
+                 num_outputs=len(wrt), wrt=wrt, **attrs)
+    grads = grads if isinstance(grads, list) else [grads]
+    for i, grad in zip(wrt, grads):
+        g.set_input_grad(i, grad)
+
+
+def pick_grads(grads, wrt: tuple[int, ...]):
+    """The gradients listed in ``wrt``; a lone tensor when there is one (single-output op)."""
+    return grads[wrt[0]] if len(wrt) == 1 else tuple(grads[i] for i in wrt)
+
+
+def _grad_infos(op: Op, x: TensorInfo, w: TensorInfo, bias_channels: int) -> list[TensorInfo]:
+    if any(i not in (0, 1, 2) for i in op.attrs.wrt) or not op.attrs.wrt:
+        raise ShapeError(f"{op.debug_name}: wrt={list(op.attrs.wrt)} must list inputs 0, 1, 2.")
+    infos = (x, w, TensorInfo(x.dtype, (bias_channels,)))
+    op._mask = [i in op.attrs.wrt for i in range(3)]
+    op._bias_sizes = [bias_channels] if op._mask[2] else None
+    return [infos[i] for i in op.attrs.wrt]
+
+
+@register_op("ConvGrad", versions=1, domain=AI_GRAPHCORE)
+class ConvGrad(Conv):
+    """dX, dW, dB of Conv (those listed in ``wrt``, in that order) from dY, X and W."""
+
+    @dataclass(frozen=True)
+    class Attrs(Conv.Attrs):
+        wrt: tuple[int, ...] = (0, 1, 2)
+
+    def infer(self, dy, x, w):
+        y = Conv.infer(self, x, w)
+        if dy.shape != y.shape:
+            raise ShapeError(f"{self.debug_name}: dY {dy} must have the output shape {y}.")
+        return _grad_infos(self, x, w, w.shape[0])
+
+    def kernel(self, dy, x, w):
+        if self._pre_pad is not None:
+            x = F.pad(x, self._pre_pad)
+        n = len(self._stride)
+        grads = torch.ops.aten.convolution_backward(
+            dy, x, w, self._bias_sizes, self._stride, self._padding, self._dilation, False,
+            (0,) * n, self._groups, self._mask,
+        )
+        if self._pre_pad is not None and grads[0] is not None:
+            # The adjoint of padding is cropping the padded border off again.
+            grads = (F.pad(grads[0], tuple(-p for p in self._pre_pad)),) + tuple(grads[1:])
+        return pick_grads(grads, self.attrs.wrt)
+
 
 @register_op("ConvTranspose", versions=(1, 11))
 class ConvTranspose(Op):
@@ -308,4 +372,36 @@ class ConvTranspose(Op):
             )
         y = F.pad(self._fn(x, w, None, self._stride, 0, 0, self._groups, self._dilation), self._crop)
         return y if b is None else y.add_(b.view(self._bias_shape))
+
+    def grad(self, g):
+        _conv_grads(self, g, "ConvTransposeGrad")
+
+
+@register_op("ConvTransposeGrad", versions=1, domain=AI_GRAPHCORE)
+class ConvTransposeGrad(ConvTranspose):
+    """dX, dW, dB of ConvTranspose (those listed in ``wrt``, in that order) from dY, X and W."""
+
+    @dataclass(frozen=True)
+    class Attrs(ConvTranspose.Attrs):
+        wrt: tuple[int, ...] = (0, 1, 2)
+
+    def infer(self, dy, x, w):
+        y = ConvTranspose.infer(self, x, w)
+        if dy.shape != y.shape:
+            raise ShapeError(f"{self.debug_name}: dY {dy} must have the output shape {y}.")
+        self._sum_dims = (0,) + tuple(range(2, y.rank))
+        return _grad_infos(self, x, w, y.shape[1])
+
+    def kernel(self, dy, x, w):
+        mask = self._mask
+        db = dy.sum(self._sum_dims) if mask[2] else None
+        if self._crop is not None:
+            # The forward cropped (or zero-extended) the full result: undo it on dY.
+            dy = F.pad(dy, tuple(-c for c in self._crop))
+        dx, dw, _ = torch.ops.aten.convolution_backward(
+            dy, x, w, None, self._stride, self._padding, self._dilation, True, self._out_pad,
+            self._groups, [mask[0], mask[1], False],
+        )
+        grads = (dx, dw, db)
+        return pick_grads(grads, self.attrs.wrt)
 

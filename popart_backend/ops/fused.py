@@ -127,3 +127,24 @@ class LayerNorm(FusedOp):
 
     def kernel(self, x, scale=None, bias=None):
         return F.layer_norm(x, self._shape, scale, bias, self.attrs.epsilon)
+
+
+@register_op("Attention", versions=(1,), domain=FUSED_DOMAIN)
+class Attention(FusedOp):
+    """Y = softmax(scale * Q @ K^T + mask) @ V in one F.scaled_dot_product_attention call.
+
+    With ``key_transposed`` the key input is K^T ([..., E, S], as the exporters feed MatMul);
+    a transposed view hands it to torch. Rows whose scores are all -inf give zeros, as the
+    exporters' ``Where(IsNaN(p), 0, p)`` guard does (the pass requires that guard or a finite
+    constant mask).
+    """
+
+    @dataclass(frozen=True)
+    class Attrs:
+        scale: float = 1.0
+        key_transposed: int = 1
+
+    def kernel(self, q, k, v, mask=None):
+        if self.attrs.key_transposed:
+            k = k.transpose(-1, -2)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.attrs.scale)

@@ -1,5 +1,5 @@
 """Loss ops: ai.graphcore IdentityLoss, L1, Nll and ONNX SoftmaxCrossEntropyLoss /
-NegativeLogLikelihoodLoss. Forward kernels here; gradients come with training (issue #3).
+NegativeLogLikelihoodLoss, with their gradients.
 
 PopART's ``reduction`` attribute is the int of ``popart.ReductionType``: 0 Sum, 1 Mean,
 2 NoReduction. Mean divides by the number of elements (L1, IdentityLoss) or of non-ignored
@@ -222,6 +222,30 @@ class OnnxLossBase(Op):
         )
 
 
+    def nll_backward(self, dloss, labels, weights, shape, dtype):
+        """d loss / d log-probabilities [N, C, d1..]: -weight[label] at each label (scaled by
+        dloss, and for Mean divided by the summed weights of the kept labels), 0 elsewhere."""
+        labels = labels.long()
+        keep = None
+        if self.attrs.ignore_index is not None:
+            keep = labels != self.attrs.ignore_index
+            labels = torch.where(keep, labels, 0)
+        per = weights[labels].to(dtype) if weights is not None else torch.ones(labels.shape, dtype=dtype)
+        if keep is not None:
+            per = per * keep
+        if self.attrs.reduction == "mean":
+            per = per * (dloss / per.sum().clamp(min=torch.finfo(dtype).tiny))
+        else:
+            per = per * dloss
+        return torch.zeros(shape, dtype=dtype).scatter_(1, labels.unsqueeze(1), per.neg().unsqueeze(1))
+
+    def loss_grad(self, g, grad_type: str, *extra: str) -> None:
+        weights = g.input(2) if g.has_input(2) else None
+        g.set_input_grad(0, g.op(grad_type, g.output_grad(0), g.input(0), g.input(1), weights,
+                                 *extra, domain=AI_GRAPHCORE, reduction=self.attrs.reduction,
+                                 ignore_index=self.attrs.ignore_index))
+
+
 @register_op("NegativeLogLikelihoodLoss", versions=(12, 13))
 class NegativeLogLikelihoodLoss(OnnxLossBase):
     def infer(self, scores, labels, weights=None):
@@ -229,6 +253,20 @@ class NegativeLogLikelihoodLoss(OnnxLossBase):
 
     def kernel(self, scores, labels, weights=None):
         return self.nll(scores, labels, weights)
+
+    def grad(self, g):
+        self.loss_grad(g, "NegativeLogLikelihoodLossGrad")
+
+
+@register_op("NegativeLogLikelihoodLossGrad", versions=1, domain=AI_GRAPHCORE)
+class NegativeLogLikelihoodLossGrad(OnnxLossBase):
+    """d input: -dloss * weight[label] at the label (Mean: over the summed weights)."""
+
+    def infer(self, dloss, scores, labels, weights=None):
+        return scores
+
+    def kernel(self, dloss, scores, labels, weights=None):
+        return self.nll_backward(dloss, labels, weights, scores.shape, scores.dtype)
 
 
 @register_op("SoftmaxCrossEntropyLoss", versions=(12, 13))
@@ -241,5 +279,24 @@ class SoftmaxCrossEntropyLoss(OnnxLossBase):
     def kernel(self, scores, labels, weights=None):
         logp = torch.log_softmax(scores, dim=1)
         return self.nll(logp, labels, weights), logp
+
+    def grad(self, g):
+        has_logp = len(self.outputs) > 1 and self.outputs[1] is not None
+        self.loss_grad(g, "SoftmaxCrossEntropyLossGrad", *([g.output_grad(1)] if has_logp else []))
+
+
+@register_op("SoftmaxCrossEntropyLossGrad", versions=1, domain=AI_GRAPHCORE)
+class SoftmaxCrossEntropyLossGrad(OnnxLossBase):
+    """d scores = log-softmax backward of (NLL gradient + the log-probabilities' gradient)."""
+
+    def infer(self, dloss, scores, labels, weights=None, dlogp=None):
+        return scores
+
+    def kernel(self, dloss, scores, labels, weights=None, dlogp=None):
+        logp = torch.log_softmax(scores, dim=1)
+        grad = self.nll_backward(dloss, labels, weights, scores.shape, scores.dtype)
+        if dlogp is not None:
+            grad = grad.add_(dlogp)
+        return torch._log_softmax_backward_data(grad, logp, 1, scores.dtype)
 
 

@@ -1,19 +1,22 @@
-"""Matrix products: MatMul (numpy semantics), Gemm (alpha·A'·B' + beta·C) and Einsum."""
+"""Matrix products: MatMul (numpy semantics), Gemm (alpha·A'·B' + beta·C) and Einsum, with
+their gradients (the grad ops sit right below their forward op, in domain ai.graphcore)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 import torch
 import torch.nn.functional as F
 
 from ..dtypes import DataType
-from ..errors import ShapeError
+from ..errors import ShapeError, UnsupportedOpError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
 from .base import broadcast_shapes
-from .registry import register_op
+from .registry import AI_GRAPHCORE, register_op
 
 # torch's CPU matmul has no unsigned 32/64-bit kernels. int64 arithmetic wraps modulo 2**64
 # exactly like the unsigned types do, so the product is computed there and cast back.
@@ -67,6 +70,89 @@ class MatMul(Op):
         if self._widen is not None:
             return torch.matmul(a.to(self._widen), b.to(self._widen)).to(self._out_dtype)
         return torch.matmul(a, b)
+
+    def grad(self, g):
+        dy = g.output_grad(0)
+        a, b = g.input(0), g.input(1)
+        if g.needs_input_grad(0):
+            g.set_input_grad(0, g.op("MatMulLhsGrad", dy, b, domain=AI_GRAPHCORE,
+                                     lhs_shape=g.input_info(0).shape))
+        if g.needs_input_grad(1):
+            g.set_input_grad(1, g.op("MatMulRhsGrad", dy, a, domain=AI_GRAPHCORE,
+                                     rhs_shape=g.input_info(1).shape))
+
+
+def _promoted(shape: tuple[int, ...], lhs: bool) -> tuple[int, ...]:
+    """numpy.matmul's promotion of a 1-D operand to a matrix."""
+    if len(shape) != 1:
+        return shape
+    return (1,) + shape if lhs else shape + (1,)
+
+
+class _MatMulGrad(Op):
+    """Shared by both MatMul grads: view dY as the un-squeezed batched product, then sum the
+    batch dims that broadcasting added back to the operand's shape."""
+
+    def setup(self, dy: TensorInfo, other: TensorInfo, shape, lhs: bool) -> TensorInfo:
+        if not dy.dtype.is_float:
+            raise ShapeError(f"{self.debug_name}: gradients need a float dtype, got {dy}.")
+        mine = _promoted(tuple(shape), lhs)
+        theirs = _promoted(other.shape, not lhs)
+        a_shape, b_shape = (mine, theirs) if lhs else (theirs, mine)
+        batch = broadcast_shapes(self, a_shape[:-2], b_shape[:-2])
+        self._dy_shape = batch + (a_shape[-2], b_shape[-1])
+        self._other_shape = theirs
+        lead = len(batch) + 2 - len(mine)
+        self._sum_dims = tuple(range(lead)) + tuple(
+            lead + i for i, d in enumerate(mine[:-2]) if d == 1 and batch[lead + i] != 1
+        )
+        self._shape = tuple(shape)
+        # A product with a 2-D operand folds the batch into rows: one large mm, as torch does.
+        self._fold = len(mine) == 2 and len(batch) > 0
+        return TensorInfo(dy.dtype, self._shape)
+
+    def finish(self, grad: torch.Tensor) -> torch.Tensor:
+        if self._sum_dims:
+            grad = grad.sum(self._sum_dims)
+        return grad.reshape(self._shape)
+
+
+@register_op("MatMulLhsGrad", versions=1, domain=AI_GRAPHCORE)
+class MatMulLhsGrad(_MatMulGrad):
+    """dA = dY @ B^T, summed over the batch dims A was broadcast along."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        lhs_shape: tuple[int, ...]
+
+    def infer(self, dy, b):
+        return self.setup(dy, b, self.attrs.lhs_shape, lhs=True)
+
+    def kernel(self, dy, b):
+        dy = dy.reshape(self._dy_shape)
+        b = b.reshape(self._other_shape)
+        return self.finish(torch.matmul(dy, b.transpose(-1, -2)))
+
+
+@register_op("MatMulRhsGrad", versions=1, domain=AI_GRAPHCORE)
+class MatMulRhsGrad(_MatMulGrad):
+    """dB = A^T @ dY, summed over the batch dims B was broadcast along."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        rhs_shape: tuple[int, ...]
+
+    def infer(self, dy, a):
+        return self.setup(dy, a, self.attrs.rhs_shape, lhs=False)
+
+    def kernel(self, dy, a):
+        dy = dy.reshape(self._dy_shape)
+        a = a.reshape(self._other_shape)
+        if self._fold:
+            a = a.expand(self._dy_shape[:-2] + a.shape[-2:])
+            rows = a.reshape(-1, a.shape[-1])
+            return torch.mm(rows.t(), dy.reshape(-1, dy.shape[-1])).reshape(self._shape)
+        return self.finish(torch.matmul(a.transpose(-1, -2), dy))
 
 
 @register_op("Gemm", versions=(1, 6, 7, 9, 11, 13))
@@ -167,6 +253,58 @@ class Gemm(Op):
             return y if at.alpha == 1.0 else y.mul_(at.alpha)
         return torch.addmm(c, a, b, beta=at.beta, alpha=at.alpha)
 
+    def grad(self, g):
+        at = self.attrs
+        dy = g.output_grad(0)
+        common = dict(alpha=at.alpha, transA=at.transA, transB=at.transB)
+        if g.needs_input_grad(0):
+            g.set_input_grad(0, g.op("GemmGrad", dy, g.input(1), domain=AI_GRAPHCORE,
+                                     operand=0, **common))
+        if g.needs_input_grad(1):
+            g.set_input_grad(1, g.op("GemmGrad", dy, g.input(0), domain=AI_GRAPHCORE,
+                                     operand=1, **common))
+        if g.has_input(2) and g.needs_input_grad(2):
+            dc = g.reduce_to_shape(dy, g.input_info(2).shape)
+            if at.beta != 1.0:
+                beta = g.const(np.asarray(at.beta, g.input_info(2).dtype.numpy), "beta")
+                dc = g.op("Mul", dc, beta)
+            g.set_input_grad(2, dc)
+
+
+@register_op("GemmGrad", versions=1, domain=AI_GRAPHCORE)
+class GemmGrad(Op):
+    """Gradient of Gemm's A (operand=0, other = B) or B (operand=1, other = A):
+    dA' = alpha·dY·B'^T and dB' = alpha·A'^T·dY, transposed back when the operand was."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        operand: int
+        alpha: float = 1.0
+        transA: int = 0  # noqa: N815 - Gemm's attribute names
+        transB: int = 0  # noqa: N815
+
+    def infer(self, dy, other):
+        at = self.attrs
+        m, n = dy.shape
+        if at.operand == 0:
+            k = other.shape[1] if at.transB else other.shape[0]
+            shape = (k, m) if at.transA else (m, k)
+        else:
+            k = other.shape[0] if at.transA else other.shape[1]
+            shape = (n, k) if at.transB else (k, n)
+        return TensorInfo(dy.dtype, shape)
+
+    def kernel(self, dy, other):
+        at = self.attrs
+        if at.operand == 0:
+            # dA' = dY @ B'^T with B' = B^T when transB.
+            b_t = other if at.transB else other.t()
+            grad = torch.mm(other.t() if at.transB else other, dy.t()) if at.transA else torch.mm(dy, b_t)
+        else:
+            a_prime = other.t() if at.transA else other
+            grad = torch.mm(dy.t(), a_prime) if at.transB else torch.mm(a_prime.t(), dy)
+        return grad if at.alpha == 1.0 else grad.mul_(at.alpha)
+
 
 _TERM = re.compile(r"^(?:[A-Za-z]|\.\.\.)*$")
 
@@ -253,3 +391,95 @@ class Einsum(Op):
         if self._widen is not None:
             return torch.einsum(self._equation, *(x.to(self._widen) for x in xs)).to(self._out_dtype)
         return torch.einsum(self._equation, *xs)
+
+    def grad(self, g):
+        infos = [g.input_info(i) for i in range(len(self.inputs))]
+        dy = g.output_grad(0)
+        xs = [g.input(i) for i in range(len(self.inputs))]
+        for i, info in enumerate(infos):
+            if info.dtype.is_float and g.needs_input_grad(i):
+                g.set_input_grad(i, g.op("EinsumGrad", dy, *xs, domain=AI_GRAPHCORE,
+                                         equation=self.attrs.equation, operand=i))
+
+
+def explicit_terms(equation: str, ranks: list[int]) -> tuple[list[list[str]], list[str]]:
+    """Operand and output labels with '...' spelled out as letters the equation does not use
+    (right-aligned, as ellipsis dims broadcast) and an implicit output made explicit."""
+    equation = equation.replace(" ", "")
+    lhs, arrow, rhs = equation.partition("->")
+    terms = [_split_term(t) for t in lhs.split(",")]
+    spans = [r - (len(t) - t.count("...")) if "..." in t else 0 for t, r in zip(terms, ranks)]
+    used = set(equation)
+    spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in used]
+    full = spare[: max(spans, default=0)]
+
+    def expand(labels: list[str], span: int) -> list[str]:
+        out: list[str] = []
+        for label in labels:
+            # An operand's ellipsis takes the last ``span`` letters (right alignment).
+            out.extend(full[len(full) - span:] if label == "..." else [label])
+        return out
+
+    has_ellipsis = any("..." in t for t in terms)
+    if arrow:
+        out = expand(_split_term(rhs), len(full))
+    else:
+        counts: dict[str, int] = {}
+        for t in terms:
+            for label in t:
+                if label != "...":
+                    counts[label] = counts.get(label, 0) + 1
+        out = (list(full) if has_ellipsis else []) + sorted(k for k, n in counts.items() if n == 1)
+    return [expand(t, s) for t, s in zip(terms, spans)], out
+
+
+@register_op("EinsumGrad", versions=1, domain=AI_GRAPHCORE)
+class EinsumGrad(Op):
+    """Gradient of Einsum operand ``operand``: an einsum of dY with the other operands into the
+    operand's labels; labels only that operand has are broadcast back, broadcast dims summed."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        equation: str
+        operand: int
+
+    def infer(self, dy, *xs):
+        i = self.attrs.operand
+        terms, out = explicit_terms(self.attrs.equation, [x.rank for x in xs])
+        mine = terms[i]
+        if len(set(mine)) != len(mine):
+            raise UnsupportedOpError(
+                f"{self.debug_name}: the gradient of Einsum '{self.attrs.equation}' for operand "
+                f"{i} needs a diagonal (a label repeated within its term); it is not supported. "
+                f"Rewrite the equation without repeated labels."
+            )
+        sizes: dict[str, int] = {}
+        for term, info in zip(terms, xs):
+            for label, size in zip(term, info.shape):
+                sizes[label] = max(sizes.get(label, 1), size)
+        available = set(out)
+        for j, term in enumerate(terms):
+            if j != i:
+                available.update(term)
+        kept = [label for label in mine if label in available]
+        operands = ",".join(["".join(out)] + ["".join(t) for j, t in enumerate(terms) if j != i])
+        self._equation = f"{operands}->{''.join(kept)}"
+        self._others = [j for j in range(len(xs)) if j != i]
+        shape = xs[i].shape
+        self._missing = [p for p, label in enumerate(mine) if label not in available]
+        self._expand = tuple(shape[p] if p in self._missing else -1 for p in range(len(mine)))
+        self._sum_dims = tuple(
+            p for p, label in enumerate(mine)
+            if label in available and shape[p] == 1 and sizes[label] != 1
+        )
+        return TensorInfo(dy.dtype, shape)
+
+    def kernel(self, dy, *xs):
+        grad = torch.einsum(self._equation, dy, *(xs[j] for j in self._others))
+        for p in self._missing:
+            grad = grad.unsqueeze(p)
+        if self._missing:
+            grad = grad.expand(self._expand).contiguous()
+        if self._sum_dims:
+            grad = grad.sum(self._sum_dims, keepdim=True)
+        return grad

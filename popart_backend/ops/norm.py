@@ -1,9 +1,13 @@
-"""Normalizations: BatchNormalization (inference form), LayerNormalization,
-InstanceNormalization, GroupNormalization, LRN and MeanVarianceNormalization.
+"""Normalizations: BatchNormalization, LayerNormalization, InstanceNormalization,
+GroupNormalization, LRN and MeanVarianceNormalization, with the gradients of the first four.
 
-BatchNormalization here is the inference computation with the running statistics. In a
-TrainingSession the training issue replaces it with batch statistics (DESIGN decision 5); in an
-inference graph its running-mean/var outputs return the input statistics unchanged.
+BatchNormalization is the inference computation with the running statistics; in an inference
+graph its running-mean/var outputs return the input statistics unchanged. In a TrainingSession
+the TrainingSemantics pass replaces it by BatchNormalizationTraining (DESIGN decision 5), which
+normalizes with the batch statistics and updates the running mean/var variables in place.
+
+The gradient kernels are torch's own backward functions (native_batch_norm_backward,
+native_layer_norm_backward, native_group_norm_backward), fed the statistics the forward saved.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ import torch.nn.functional as F
 
 from ..dtypes import DataType
 from ..errors import ShapeError
+from .conv import pick_grads
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
 from .base import normalize_axis
-from .registry import register_op
+from .registry import AI_GRAPHCORE, register_op
 
 
 _STASH_TYPES = {
@@ -124,6 +129,131 @@ class BatchNormalization(Op):
         # Inference leaves the running statistics as they were.
         return y, mean.clone(), var.clone()
 
+    def grad(self, g):
+        _batch_norm_grads(self, g, g.input(3), g.input(4), training=0)
+
+
+def _batch_norm_grads(op: Op, g, stat0: str, stat1: str, training: int) -> None:
+    wrt = tuple(i for i in (0, 1, 2) if g.needs_input_grad(i))
+    if not wrt:
+        return
+    grads = g.op("BatchNormalizationGrad", g.output_grad(0), g.input(0), g.input(1), g.input(2),
+                 stat0, stat1, domain=AI_GRAPHCORE, num_outputs=len(wrt), wrt=wrt,
+                 epsilon=op.attrs.epsilon, spatial=getattr(op.attrs, "spatial", 1),
+                 training=training)
+    for i, grad in zip(wrt, grads if isinstance(grads, list) else [grads]):
+        g.set_input_grad(i, grad)
+
+
+@register_op("BatchNormalizationTraining", versions=1, domain=AI_GRAPHCORE)
+class BatchNormalizationTraining(Op):
+    """BatchNormalization of a TrainingSession (made by the TrainingSemantics pass).
+
+    Y normalizes with the batch mean and (biased) variance. The running statistics (inputs 3, 4,
+    variables) are updated in place, as torch's BatchNorm does in train mode:
+    ``running = momentum * running + (1 - momentum) * batch`` with ONNX's ``momentum`` (torch's
+    momentum is 1 - ONNX's), where the running variance takes the unbiased batch variance
+    (torch's rule; ONNX's reference uses the biased one). Outputs: Y, the updated running mean
+    and var (aliases of inputs 3, 4), and the batch mean and 1/sqrt(var + epsilon) that the
+    gradient reuses.
+    """
+
+    modifies_inputs = (3, 4)
+
+    @dataclass(frozen=True)
+    class Attrs:
+        epsilon: float = 1e-5
+        momentum: float = 0.9
+        spatial: int = 1
+
+    def infer(self, x, scale, b, mean, var):
+        param_shape = (x.shape[1],) if self.attrs.spatial else x.shape[1:]
+        for name, info in (("scale", scale), ("B", b), ("mean", mean), ("var", var)):
+            if info.shape != param_shape:
+                raise ShapeError(
+                    f"{self.debug_name}: {name} {info} must have shape {list(param_shape)} for "
+                    f"X {x}."
+                )
+        per_channel = math.prod(x.shape) // math.prod(param_shape)
+        if per_channel < 2:
+            raise ShapeError(
+                f"{self.debug_name}: batch statistics need more than one value per channel, but "
+                f"X {x} has {per_channel}. Use a larger batch (or replicated batch) size."
+            )
+        self._flat = None if self.attrs.spatial else (x.shape[0], math.prod(param_shape))
+        dtype = x.dtype.torch
+        self._cast = any(i.dtype.torch != dtype for i in (scale, b, mean, var))
+        self._dtype = dtype
+        self._torch_momentum = 1.0 - self.attrs.momentum
+        saved = TensorInfo(x.dtype, (math.prod(param_shape),))
+        return [x, mean, var, saved, saved]
+
+    def kernel(self, x, scale, b, mean, var):
+        running_mean, running_var = mean, var
+        if self._cast:
+            scale, b = scale.to(self._dtype), b.to(self._dtype)
+            running_mean, running_var = mean.to(self._dtype), var.to(self._dtype)
+        flat_x = x if self._flat is None else x.reshape(self._flat)
+        if self._flat is not None:
+            # Views of the variables, so the in-place update reaches them.
+            scale, b = scale.reshape(-1), b.reshape(-1)
+            running_mean, running_var = running_mean.view(-1), running_var.view(-1)
+        y, saved_mean, saved_invstd = torch.native_batch_norm(
+            flat_x, scale, b, running_mean, running_var, True, self._torch_momentum,
+            self.attrs.epsilon,
+        )
+        if self._cast:
+            mean.copy_(running_mean.view(mean.shape))
+            var.copy_(running_var.view(var.shape))
+        return y.view(x.shape), mean, var, saved_mean.to(self._dtype), saved_invstd.to(self._dtype)
+
+    def grad(self, g):
+        _batch_norm_grads(self, g, g.output(3), g.output(4), training=1)
+
+
+@register_op("BatchNormalizationGrad", versions=1, domain=AI_GRAPHCORE)
+class BatchNormalizationGrad(Op):
+    """dX, dScale, dB (those in ``wrt``) of batch normalization, by torch's backward kernel.
+
+    Inputs: dY, X, scale, B (for its dtype), then the statistics: with ``training`` the batch
+    mean and inverse std the forward saved, else the running mean and variance.
+    """
+
+    @dataclass(frozen=True)
+    class Attrs:
+        wrt: tuple[int, ...]
+        epsilon: float = 1e-5
+        spatial: int = 1
+        training: int = 0
+
+    def infer(self, dy, x, scale, b, stat0, stat1):
+        self._flat = None if self.attrs.spatial else (x.shape[0], math.prod(x.shape[1:]))
+        self._dtype = x.dtype.torch
+        self._mask = [i in self.attrs.wrt for i in range(3)]
+        self._param_dtypes = (scale.dtype.torch, b.dtype.torch)
+        return [(x, scale, b)[i] for i in self.attrs.wrt]
+
+    def kernel(self, dy, x, scale, b, stat0, stat1):
+        dtype = self._dtype
+        scale, stat0, stat1 = scale.to(dtype), stat0.to(dtype), stat1.to(dtype)
+        if self._flat is not None:
+            dy, x = dy.reshape(self._flat), x.reshape(self._flat)
+            scale, stat0, stat1 = scale.reshape(-1), stat0.reshape(-1), stat1.reshape(-1)
+        if self.attrs.training:
+            args = (None, None, stat0, stat1, True)
+        else:
+            args = (stat0, stat1, None, None, False)
+        dx, dscale, db = torch.ops.aten.native_batch_norm_backward(
+            dy, x, scale, *args, self.attrs.epsilon, self._mask
+        )
+        if dx is not None:
+            dx = dx.view(self.inputs[1].info.shape)
+        if dscale is not None:
+            dscale = dscale.view(self.inputs[2].info.shape).to(self._param_dtypes[0])
+        if db is not None:
+            db = db.view(self.inputs[3].info.shape).to(self._param_dtypes[1])
+        return pick_grads((dx, dscale, db), self.attrs.wrt)
+
 
 @register_op("LayerNormalization", versions=(17,))
 class LayerNormalization(Op):
@@ -176,6 +306,75 @@ class LayerNormalization(Op):
             y = y.add_(b)
         return y if len(self.outputs) == 1 else (y, mean, rstd)
 
+    def grad(self, g):
+        wrt = tuple(i for i in (0, 1, 2) if g.has_input(i) and g.needs_input_grad(i))
+        if not wrt:
+            return
+        saved = len(self.outputs) == 3 and all(t is not None for t in self.outputs[1:])
+        stats = (g.output(1), g.output(2)) if saved else (None, None)
+        b = g.input(2) if g.has_input(2) else None
+        a = self.attrs
+        grads = g.op("LayerNormalizationGrad", g.output_grad(0), g.input(0), g.input(1), b,
+                     *stats, domain=AI_GRAPHCORE, num_outputs=len(wrt), wrt=wrt, axis=a.axis,
+                     epsilon=a.epsilon, stash_type=a.stash_type)
+        for i, grad in zip(wrt, grads if isinstance(grads, list) else [grads]):
+            g.set_input_grad(i, grad)
+
+
+def _sum_to(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Sum a gradient of a broadcast operand back to the operand's ``shape``."""
+    if tuple(t.shape) == shape:
+        return t
+    lead = t.dim() - len(shape)
+    dims = tuple(range(lead)) + tuple(
+        lead + i for i, d in enumerate(shape) if d == 1 and t.shape[lead + i] != 1
+    )
+    return t.sum(dims, keepdim=True).reshape(shape)
+
+
+@register_op("LayerNormalizationGrad", versions=1, domain=AI_GRAPHCORE)
+class LayerNormalizationGrad(LayerNormalization):
+    """dX, dScale, dB (those in ``wrt``) of LayerNormalization by native_layer_norm_backward.
+
+    Inputs: dY, X, Scale, B (optional, for its shape), then Mean and InvStdDev as the forward
+    output them (the TrainingSemantics pass makes sure it does); when absent they are
+    recomputed here.
+    """
+
+    @dataclass(frozen=True)
+    class Attrs:
+        wrt: tuple[int, ...]
+        axis: int = -1
+        epsilon: float = 1e-5
+        stash_type: int = 1
+
+    def infer(self, dy, x, scale, b=None, mean=None, rstd=None):
+        LayerNormalization.infer(self, x, scale, b)
+        self._mask = [i in self.attrs.wrt for i in range(3)]
+        self._shapes = (x.shape, scale.shape, b.shape if b is not None else tuple(self._norm_shape))
+        self._compute = self._stash or x.dtype.torch
+        bias_info = b if b is not None else scale.with_shape(self._norm_shape)
+        return [(x, scale, bias_info)[i] for i in self.attrs.wrt]
+
+    def kernel(self, dy, x, scale, b=None, mean=None, rstd=None):
+        shape, dtype = self._norm_shape, self._compute
+        weight = scale.to(dtype).expand(shape) if self._expand[0] else scale.to(dtype)
+        if self._stash is not None:
+            dy, x = dy.to(dtype), x.to(dtype)
+        if mean is None:
+            _, mean, rstd = torch.native_layer_norm(x, shape, None, None, self.attrs.epsilon)
+        # The bias argument only tells torch that dB is wanted; any tensor of its shape does.
+        dx, dscale, db = torch.ops.aten.native_layer_norm_backward(
+            dy, x, shape, mean, rstd, weight, weight if self._mask[2] else None, self._mask
+        )
+        out_dtype = self.inputs[1].info.dtype.torch
+        grads = (
+            None if dx is None else dx.to(out_dtype),
+            None if dscale is None else _sum_to(dscale, self._shapes[1]).to(out_dtype),
+            None if db is None else _sum_to(db, self._shapes[2]).to(out_dtype),
+        )
+        return pick_grads(grads, self.attrs.wrt)
+
 
 def _check_channel_params(op: Op, x: TensorInfo, size: int, *params) -> None:
     for name, info in params:
@@ -213,6 +412,9 @@ class InstanceNormalization(Op):
     def kernel(self, x, scale, b):
         # Group norm with one channel per group is instance norm, via torch's fused kernel.
         return F.group_norm(x, self._channels, scale, b, self.attrs.epsilon)
+
+    def grad(self, g):
+        _group_norm_grads(self, g, self._channels, per_group_scale=0, stash=None)
 
 
 @register_op("GroupNormalization", versions=(18, 21))
@@ -263,6 +465,74 @@ class GroupNormalization(Op):
             return F.group_norm(x, groups, scale, b, eps)
         normed = F.group_norm(x.to(self._stash), groups, None, None, eps).to(x.dtype)
         return normed.mul_(scale.view(self._affine_shape)).add_(b.view(self._affine_shape))
+
+    def grad(self, g):
+        stash = getattr(self.attrs, "stash_type", None) if self._stash is not None else None
+        _group_norm_grads(self, g, self.attrs.num_groups, int(self._repeat > 1), stash)
+
+
+def _group_norm_grads(op: Op, g, groups: int, per_group_scale: int, stash: int | None) -> None:
+    wrt = tuple(i for i in (0, 1, 2) if g.needs_input_grad(i))
+    if not wrt:
+        return
+    grads = g.op("GroupNormalizationGrad", g.output_grad(0), g.input(0), g.input(1), g.input(2),
+                 domain=AI_GRAPHCORE, num_outputs=len(wrt), wrt=wrt, num_groups=groups,
+                 epsilon=op.attrs.epsilon, per_group_scale=per_group_scale, stash_type=stash)
+    for i, grad in zip(wrt, grads if isinstance(grads, list) else [grads]):
+        g.set_input_grad(i, grad)
+
+
+@register_op("GroupNormalizationGrad", versions=1, domain=AI_GRAPHCORE)
+class GroupNormalizationGrad(Op):
+    """dX, dScale, dB (those in ``wrt``) of group (and instance) normalization.
+
+    Inputs dY, X, scale, B (B for its dtype). The group statistics are recomputed from X (one
+    pass), then torch's native_group_norm_backward does the rest. ``per_group_scale``: scale and
+    B hold one value per group (GroupNormalization-18), so their gradients are summed per group.
+    ``stash_type`` (when set) is the dtype the forward normalized in.
+    """
+
+    @dataclass(frozen=True)
+    class Attrs:
+        wrt: tuple[int, ...]
+        num_groups: int
+        epsilon: float = 1e-5
+        per_group_scale: int = 0
+        stash_type: int | None = None
+
+    def infer(self, dy, x, scale, b):
+        n, c = x.shape[:2]
+        groups = self.attrs.num_groups
+        self._dims = (n, c, math.prod(x.shape[2:]), groups)
+        self._repeat = c // groups if self.attrs.per_group_scale else 1
+        self._compute = (
+            _stash_dtype(self, self.attrs.stash_type) if self.attrs.stash_type is not None
+            else x.dtype.torch
+        )
+        self._mask = [i in self.attrs.wrt for i in range(3)]
+        return [(x, scale, b)[i] for i in self.attrs.wrt]
+
+    def kernel(self, dy, x, scale, b):
+        n, c, hw, groups = self._dims
+        dtype = self._compute
+        x_c, dy_c = x.to(dtype).contiguous(), dy.to(dtype).contiguous()
+        var, mean = torch.var_mean(x_c.reshape(n, groups, -1), -1, correction=0)
+        rstd = var.add_(self.attrs.epsilon).rsqrt_()
+        weight = scale.to(dtype)
+        if self._repeat > 1:
+            weight = weight.repeat_interleave(self._repeat)
+        dx, dscale, db = torch.ops.aten.native_group_norm_backward(
+            dy_c, x_c, mean, rstd, weight, n, c, hw, groups, self._mask
+        )
+        if self._repeat > 1:
+            dscale = None if dscale is None else dscale.view(groups, -1).sum(1)
+            db = None if db is None else db.view(groups, -1).sum(1)
+        grads = (
+            None if dx is None else dx.to(x.dtype),
+            None if dscale is None else dscale.to(scale.dtype),
+            None if db is None else db.to(b.dtype),
+        )
+        return pick_grads(grads, self.attrs.wrt)
 
 
 @register_op("LRN", versions=(1, 13))

@@ -4,6 +4,11 @@ Each windowed pool resolves its window once in infer(). When torch's own pooling
 exactly the ONNX result (symmetric pads within torch's limits) the kernel is one torch call;
 otherwise the input is padded (or cropped) to the exact extent the output needs, and an
 average's divisor is precomputed per output position.
+
+Gradients: MaxPool routes dY to the position torch's pooling picks (the first maximum of a
+window, so ties go where torch sends them) with torch's own backward kernels; averages and Lp
+norms spread dY over their windows (torch's avg_pool backward, or the adjoint of the window
+sum, a transposed convolution with a window of ones, for pads and dilations torch lacks).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from ..errors import ShapeError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
 from .conv import CONV_FNS, Window, resolve_window
-from .registry import register_op
+from .registry import AI_GRAPHCORE, register_op
 
 _MAX_POOL_FNS = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG_POOL_FNS = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
@@ -104,6 +109,13 @@ class MaxPool(_WindowPool):
         return cls.V1Attrs if version < 8 else cls.V8Attrs if version < 10 else cls.Attrs
 
     def infer(self, x):
+        y = self.setup(x)
+        if self.version < 8:
+            return y
+        return [y, y.with_dtype(DataType.INT64)]
+
+    def setup(self, x: TensorInfo) -> TensorInfo:
+        """Resolve the window and the torch call once; returns Y's info."""
         at = self.full_attrs()
         win = self.window(x, at)
         n = x.rank - 2
@@ -130,10 +142,7 @@ class MaxPool(_WindowPool):
         self._plane_offset = (torch.arange(planes, dtype=torch.int64) * math.prod(in_sizes)).view(
             x.shape[:2] + (1,) * n
         )
-        y = TensorInfo(x.dtype, x.shape[:2] + win.out_sizes)
-        if self.version < 8:
-            return y
-        return [y, y.with_dtype(DataType.INT64)]
+        return TensorInfo(x.dtype, x.shape[:2] + win.out_sizes)
 
     def kernel(self, x):
         if self._pre_pad is not None:
@@ -147,6 +156,53 @@ class MaxPool(_WindowPool):
         if self._index_map is not None:
             idx = self._index_map[idx]
         return y, idx.add_(self._plane_offset)
+
+    def grad(self, g):
+        attrs = dataclasses.asdict(self.full_attrs())
+        g.set_input_grad(0, g.op("MaxPoolGrad", g.output_grad(0), g.input(0),
+                                 domain=AI_GRAPHCORE, **attrs))
+
+
+def _max_pool_backward(n: int):
+    """torch's max-pool backward for ``n`` spatial dims (1-D through the 2-D kernel)."""
+    if n == 3:
+        return torch.ops.aten.max_pool3d_with_indices_backward
+    two_d = torch.ops.aten.max_pool2d_with_indices_backward
+    if n == 2:
+        return two_d
+
+    def one_d(dy, x, kernel, stride, padding, dilation, ceil, idx):
+        dx = two_d(dy.unsqueeze(-2), x.unsqueeze(-2), (1,) + tuple(kernel), (1,) + tuple(stride),
+                   (0,) + tuple(padding), (1,) + tuple(dilation), ceil, idx.unsqueeze(-2))
+        return dx.squeeze(-2)
+
+    return one_d
+
+
+@register_op("MaxPoolGrad", versions=1, domain=AI_GRAPHCORE)
+class MaxPoolGrad(MaxPool):
+    """dX of MaxPool: the window maxima are found again (indices) and dY is routed there."""
+
+    @classmethod
+    def attrs_type(cls, version: int):
+        return MaxPool.Attrs
+
+    def infer(self, dy, x):
+        y = self.setup(x)
+        if dy.shape != y.shape:
+            raise ShapeError(f"{self.debug_name}: dY {dy} must have the output shape {y}.")
+        self._backward = _max_pool_backward(x.rank - 2)
+        return x
+
+    def kernel(self, dy, x):
+        if self._pre_pad is not None:
+            x = F.pad(x, self._pre_pad, value=self._pad_value)
+        args = (self._kernel, self._stride, self._padding, self._dilation, self._ceil)
+        _, idx = self._fn(x, *args, True)
+        dx = self._backward(dy, x, *args, idx)
+        if self._pre_pad is not None:
+            dx = F.pad(dx, tuple(-p for p in self._pre_pad))
+        return dx
 
 
 def _index_map(padded, offset, in_sizes, column_major: bool) -> torch.Tensor:
@@ -187,7 +243,9 @@ class _SumPool:
         x = F.pad(x, self.pre_pad)
         if self.dilated:
             flat = x.reshape(self.planes + self.padded)
-            y = self.conv(flat, self.ones, None, self.win.strides, 0, self.win.dilations)
+            # (ones match X's dtype; only a float64 gradient check differs from the model's)
+            ones = self.ones if self.ones.dtype == x.dtype else self.ones.to(x.dtype)
+            y = self.conv(flat, ones, None, self.win.strides, 0, self.win.dilations)
             return y.reshape(self.out_shape)
         return self.avg(x, self.win.kernel, self.win.strides, 0).mul_(self.volume)
 
@@ -237,6 +295,7 @@ class AveragePool(_WindowPool):
     def infer(self, x):
         at = self.full_attrs()
         win = self.window(x, at)
+        self._win = win
         include_pad = bool(at.count_include_pad)
         in_sizes = x.shape[2:]
         self._sum = None
@@ -268,6 +327,72 @@ class AveragePool(_WindowPool):
         if self._sum is None:
             return self._fn(x, *self._args)
         return self._sum(x).mul_(self._inv_count)
+
+    def grad(self, g):
+        attrs = dataclasses.asdict(self.full_attrs())
+        g.set_input_grad(0, g.op("AveragePoolGrad", g.output_grad(0), g.input(0),
+                                 domain=AI_GRAPHCORE, **attrs))
+
+
+class _SumPoolAdjoint:
+    """The adjoint of ``_SumPool``: each window's gradient added back onto every input element
+    it covers, as the input gradient of a convolution with a window of ones, then cropped."""
+
+    def __init__(self, x: TensorInfo, win: Window, pre_pad: tuple[int, ...], padded):
+        n = x.rank - 2
+        self.win = win
+        self.planes = (x.shape[0] * x.shape[1], 1)
+        self.padded_planes = self.planes + tuple(padded)
+        self.ones = torch.ones((1, 1) + win.kernel, dtype=x.dtype.torch)
+        self.crop = tuple(-p for p in pre_pad)
+        self.x_shape = x.shape[:2] + tuple(padded)
+        self.out_planes = self.planes + win.out_sizes
+        self.zeros = (0,) * n
+
+    def __call__(self, dsum: torch.Tensor) -> torch.Tensor:
+        # Only the input's size matters to the input gradient: an expanded scalar stands in.
+        shape_only = dsum.new_zeros(()).expand(self.padded_planes)
+        dx = torch.ops.aten.convolution_backward(
+            dsum.reshape(self.out_planes), shape_only, self.ones, None, self.win.strides,
+            self.zeros, self.win.dilations, False, self.zeros, 1, [True, False, False],
+        )[0]
+        return F.pad(dx.reshape(self.x_shape), self.crop)
+
+
+_AVG_POOL_BACKWARD = {2: torch.ops.aten.avg_pool2d_backward, 3: torch.ops.aten.avg_pool3d_backward}
+
+
+@register_op("AveragePoolGrad", versions=1, domain=AI_GRAPHCORE)
+class AveragePoolGrad(AveragePool):
+    """dX of AveragePool: dY divided by each window's count, spread over the window."""
+
+    @classmethod
+    def attrs_type(cls, version: int):
+        return AveragePool.Attrs
+
+    def infer(self, dy, x):
+        y = AveragePool.infer(self, x)
+        if dy.shape != y.shape:
+            raise ShapeError(f"{self.debug_name}: dY {dy} must have the output shape {y}.")
+        if self._sum is not None:
+            s = self._sum
+            self._adjoint = _SumPoolAdjoint(x, s.win, s.pre_pad, s.padded)
+        else:
+            n = x.rank - 2
+            self._one_d = n == 1
+            kernel, stride, pads, ceil, include = self._args
+            if self._one_d:
+                kernel, stride, pads = (1,) + kernel, (1,) + stride, (0,) + pads
+            self._backward = _AVG_POOL_BACKWARD[max(n, 2)]
+            self._backward_args = (kernel, stride, pads, ceil, include, None)
+        return x
+
+    def kernel(self, dy, x):
+        if self._sum is not None:
+            return self._adjoint(dy * self._inv_count)
+        if self._one_d:
+            return self._backward(dy.unsqueeze(-2), x.unsqueeze(-2), *self._backward_args).squeeze(-2)
+        return self._backward(dy, x, *self._backward_args)
 
 
 @register_op("LpPool", versions=(1, 2, 11, 18))
@@ -323,6 +448,34 @@ class LpPool(_WindowPool):
             return self._sum(x.abs())
         return self._sum(x.abs().pow_(p)).pow_(1.0 / p)
 
+    def grad(self, g):
+        g.set_input_grad(0, g.op("LpPoolGrad", g.output_grad(0), g.input(0), g.output(0),
+                                 domain=AI_GRAPHCORE, **dataclasses.asdict(self.full_attrs())))
+
+
+@register_op("LpPoolGrad", versions=1, domain=AI_GRAPHCORE)
+class LpPoolGrad(LpPool):
+    """dX = adjoint(dY * Y^(1-p)) * |X|^(p-1) * sign(X); Y = 0 windows give NaN, as torch's
+    norm backward at zero does for p < 1 and as 0/0 does here."""
+
+    @classmethod
+    def attrs_type(cls, version: int):
+        return LpPool.Attrs
+
+    def infer(self, dy, x, y):
+        LpPool.infer(self, x)
+        s = self._sum
+        self._adjoint = _SumPoolAdjoint(x, s.win, s.pre_pad, s.padded)
+        return x
+
+    def kernel(self, dy, x, y):
+        p = self._p
+        if p == 1:
+            return self._adjoint(dy) * torch.sign(x)
+        if p == 2:
+            return self._adjoint(dy / y) * x
+        return self._adjoint(dy * y.pow(1 - p)) * x.abs().pow(p - 1) * torch.sign(x)
+
 
 class _GlobalPool(Op):
     """Reduce all spatial dims to size 1."""
@@ -339,11 +492,51 @@ class GlobalAveragePool(_GlobalPool):
     def kernel(self, x):
         return x.mean(self._dims, keepdim=True)
 
+    def grad(self, g):
+        g.set_input_grad(0, g.op("GlobalAveragePoolGrad", g.output_grad(0), domain=AI_GRAPHCORE,
+                                 shape=g.input_info(0).shape))
+
+
+@register_op("GlobalAveragePoolGrad", versions=1, domain=AI_GRAPHCORE)
+class GlobalAveragePoolGrad(Op):
+    """dX = dY / (spatial size), broadcast over the spatial dims."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        shape: tuple[int, ...]
+
+    def infer(self, dy):
+        self._scale = 1.0 / math.prod(self.attrs.shape[2:])
+        return dy.with_shape(self.attrs.shape)
+
+    def kernel(self, dy):
+        return (dy * self._scale).expand(self.attrs.shape).contiguous()
+
 
 @register_op("GlobalMaxPool", versions=(1,))
 class GlobalMaxPool(_GlobalPool):
     def kernel(self, x):
         return x.amax(self._dims, keepdim=True)
+
+    def grad(self, g):
+        g.set_input_grad(0, g.op("GlobalMaxPoolGrad", g.output_grad(0), g.input(0),
+                                 domain=AI_GRAPHCORE))
+
+
+@register_op("GlobalMaxPoolGrad", versions=1, domain=AI_GRAPHCORE)
+class GlobalMaxPoolGrad(Op):
+    """dX: dY at the first maximum of each (n, c) plane (as a max pool over the whole plane
+    routes it), zero elsewhere."""
+
+    def infer(self, dy, x):
+        self._planes = x.shape[:2] + (-1,)
+        return x
+
+    def kernel(self, dy, x):
+        flat = x.reshape(self._planes)
+        index = flat.argmax(-1, keepdim=True)
+        dx = torch.zeros_like(flat).scatter_(-1, index, dy.reshape(index.shape).to(x.dtype))
+        return dx.reshape(x.shape)
 
 
 @register_op("GlobalLpPool", versions=(1, 2))

@@ -1,9 +1,12 @@
-"""Random ops. For now Dropout, in its inference form.
+"""Random ops: Dropout, in its inference form, and DropoutTraining, its active form.
 
 Whether dropout is active is decided by the session, as in PopART (DESIGN decision 5): in an
 inference graph Dropout is the identity and its mask is all ones, even when the model sets
-is_test=0 (versions 1, 6) or feeds training_mode=True (versions 12, 13). The training issue
-adds the seeded, replayable random form used by a TrainingSession.
+is_test=0 (versions 1, 6) or feeds training_mode=True (versions 12, 13). In a TrainingSession
+the TrainingSemantics pass replaces it by DropoutTraining, which draws its mask from a
+torch.Generator seeded by the ``randomSeed___`` tensor ([seed, micro-batch counter]) mixed with
+the op's ``seed_modifier``, so masks change every micro-batch and replay exactly for the same
+seed and counter (docs/training.md, "Randomness"). The mask is an output; the gradient reuses it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from ..dtypes import DataType
 from ..errors import ShapeError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
-from .registry import register_op
+from .registry import AI_GRAPHCORE, register_op
 
 
 @register_op("Dropout", versions=(1, 6, 7, 10, 12, 13))
@@ -25,6 +28,9 @@ class Dropout(Op):
 
     # Dropout must not be folded: in a TrainingSession its output is random.
     foldable = False
+    # The ratio (versions >= 12) stays a constant even when initializers become weights: the
+    # training form needs its value when the graph is built.
+    const_inputs = (1,)
 
     @dataclass(frozen=True)
     class Attrs:
@@ -65,3 +71,82 @@ class Dropout(Op):
         if len(self.outputs) < 2 or self.outputs[1] is None:
             return data if len(self.outputs) < 2 else (data, None)
         return data, torch.ones(data.shape, dtype=self._mask_dtype)
+
+    def grad(self, g):
+        """Inert dropout is the identity."""
+        g.set_input_grad(0, g.output_grad(0))
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(seed: int, counter: int, modifier: int) -> int:
+    """A 63-bit generator seed from the user seed, micro-batch counter and per-op modifier
+    (splitmix64 finalizer over the combination, so nearby inputs give unrelated streams)."""
+    z = (seed * 0x9E3779B97F4A7C15 + counter * 0xBF58476D1CE4E5B9 + modifier) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+@register_op("DropoutTraining", versions=1, domain=AI_GRAPHCORE)
+class DropoutTraining(Op):
+    """output = data * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio); inputs (data, seed)."""
+
+    foldable = False
+    requires_random_seed = True
+
+    @dataclass(frozen=True)
+    class Attrs:
+        ratio: float = 0.5
+        seed_modifier: int = 0
+        # Mask dtype: BOOL (Dropout >= 10) or the data type (older versions).
+        bool_mask: int = 1
+
+    def infer(self, data, seed):
+        ratio = self.attrs.ratio
+        if not 0.0 <= ratio < 1.0:
+            raise ShapeError(
+                f"{self.debug_name}: ratio={ratio} must be in [0, 1): a dropout that drops "
+                f"everything has no gradient to train with."
+            )
+        if seed.shape != (2,) or seed.dtype != DataType.INT64:
+            raise ShapeError(f"{self.debug_name}: the seed input {seed} must be INT64 [2].")
+        if not data.dtype.is_float:
+            raise ShapeError(f"{self.debug_name}: data {data} must be floating point.")
+        self._scale = 1.0 / (1.0 - ratio)
+        self._shape = data.shape
+        mask_dtype = DataType.BOOL if self.attrs.bool_mask else data.dtype
+        self._mask_dtype = mask_dtype.torch
+        return [data, TensorInfo(mask_dtype, data.shape)]
+
+    def kernel(self, data, seed):
+        user_seed, counter = seed.tolist()
+        generator = torch.Generator()
+        generator.manual_seed(mix_seed(user_seed, counter, self.attrs.seed_modifier))
+        keep = torch.rand(self._shape, generator=generator) >= self.attrs.ratio
+        out = data * keep
+        if self._scale != 1.0:
+            out.mul_(self._scale)
+        return out, keep if self._mask_dtype == torch.bool else keep.to(self._mask_dtype)
+
+    def grad(self, g):
+        g.set_input_grad(0, g.op("DropoutGrad", g.output_grad(0), g.output(1),
+                                 domain=AI_GRAPHCORE, ratio=self.attrs.ratio))
+
+
+@register_op("DropoutGrad", versions=1, domain=AI_GRAPHCORE)
+class DropoutGrad(Op):
+    """d data = d output * mask / (1 - ratio), with the forward's mask."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        ratio: float = 0.5
+
+    def infer(self, dy, mask):
+        self._scale = 1.0 / (1.0 - self.attrs.ratio)
+        return dy
+
+    def kernel(self, dy, mask):
+        out = dy * mask
+        return out.mul_(self._scale) if self._scale != 1.0 else out

@@ -10,6 +10,12 @@ one PopART 2.3 lists (spec §6.1).
 Integer inputs keep their dtype (torch would widen sums to int64). Where ONNX's formula leaves
 the integers (Mean, L2, LogSum, LogSumExp) each step truncates toward zero, as onnxruntime
 computes them in the input type.
+
+Gradients: each reduction has one fused ai.graphcore ``<Op>Grad`` kernel (``ReduceGrad`` base)
+that broadcasts dy back over the reduced axes and applies the derivative. ReduceMax/ReduceMin
+split the gradient evenly between tied extremes (as torch.amax/amin); ReduceProd uses products
+of the other elements, so zeros in the input are handled exactly; ReduceL2 gives 0 where the
+norm is 0 (as torch). ArgMax/ArgMin have integer outputs and no gradient.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from ..errors import ShapeError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
 from .base import check_dtypes
-from .registry import register_op
+from .registry import AI_GRAPHCORE, register_op
 
 
 class Reduce(Op):
@@ -63,6 +69,7 @@ class Reduce(Op):
         # Sums of integers must stay in the input dtype; torch defaults them to int64.
         self.sum_dtype = x.dtype.torch if self.is_int else None
         self.dims = () if noop else self._normalize(requested, x)
+        self.reduced_dims = self.dims
         self.count = math.prod(x.shape[d] for d in self.dims)
         if self.keepdims:
             shape = tuple(1 if d in self.dims else n for d, n in enumerate(x.shape))
@@ -102,6 +109,38 @@ class Reduce(Op):
     def _sum(self, x):
         return torch.sum(x, self.dims, keepdim=self.keepdims, dtype=self.sum_dtype)
 
+    def fused_grad(self, g, grad_type: str, *saved: str) -> None:
+        """dx = ``grad_type``(dy, *saved), told the reduced axes and the input shape."""
+        dx = g.op(grad_type, g.output_grad(0), *saved, domain=AI_GRAPHCORE,
+                  axes=self.reduced_dims, shape=g.input_info(0).shape)
+        g.set_input_grad(0, dx)
+
+
+class ReduceGrad(Op):
+    """Base of the reduction grad ops: (dy, saved forward tensors...) -> dx of shape ``shape``.
+
+    ``axes`` are the reduced axes (normalized, sorted; empty when the reduction was a no-op).
+    """
+
+    @dataclass(frozen=True)
+    class Attrs:
+        axes: tuple[int, ...]
+        shape: tuple[int, ...]
+
+    def infer(self, dy, *saved):
+        axes, shape = self.attrs.axes, self.attrs.shape
+        # dy (and the forward output) reshaped so it broadcasts against the input.
+        self.kept = tuple(1 if d in axes else n for d, n in enumerate(shape))
+        self.count = math.prod(shape[d] for d in axes)
+        return TensorInfo(dy.dtype, shape)
+
+    def kept_shape(self, t):
+        return t.reshape(self.kept)
+
+    def broadcast(self, t):
+        """Output-shaped ``t`` repeated over the reduced axes (a view)."""
+        return t.reshape(self.kept).expand(self.attrs.shape)
+
 
 @register_op("ReduceSum", versions=(1, 11, 13))
 class ReduceSum(Reduce):
@@ -109,6 +148,15 @@ class ReduceSum(Reduce):
 
     def reduce(self, x):
         return self._sum(x)
+
+    def grad(self, g):
+        self.fused_grad(g, "ReduceSumGrad")
+
+
+@register_op("ReduceSumGrad", versions=1, domain=AI_GRAPHCORE)
+class ReduceSumGrad(ReduceGrad):
+    def kernel(self, dy):
+        return self.broadcast(dy)
 
 
 @register_op("ReduceMean", versions=(1, 11, 13, 18))
@@ -119,17 +167,49 @@ class ReduceMean(Reduce):
             return torch.div(total, self.count, rounding_mode="trunc").to(x.dtype)
         return torch.mean(x, self.dims, keepdim=self.keepdims)
 
+    def grad(self, g):
+        self.fused_grad(g, "ReduceMeanGrad")
+
+
+@register_op("ReduceMeanGrad", versions=1, domain=AI_GRAPHCORE)
+class ReduceMeanGrad(ReduceGrad):
+    def kernel(self, dy):
+        return self.broadcast(dy / self.count)
+
 
 @register_op("ReduceMax", versions=(1, 11, 12, 13, 18, 20))
 class ReduceMax(Reduce):
     def reduce(self, x):
         return torch.amax(x, self.dims, keepdim=self.keepdims)
 
+    def grad(self, g):
+        self.fused_grad(g, "ReduceMaxGrad", g.input(0), g.output(0))
+
+
+@register_op("ReduceMaxGrad", versions=1, domain=AI_GRAPHCORE)
+class ReduceMaxGrad(ReduceGrad):
+    """dy shared evenly by the elements equal to the extreme (torch.amax's rule)."""
+
+    def kernel(self, dy, x, y):
+        selected = x == self.kept_shape(y)
+        if not self.attrs.axes:
+            return torch.where(selected, self.kept_shape(dy), 0)
+        ties = torch.sum(selected, self.attrs.axes, keepdim=True, dtype=dy.dtype)
+        return torch.where(selected, self.kept_shape(dy) / ties, 0)
+
 
 @register_op("ReduceMin", versions=(1, 11, 12, 13, 18, 20))
 class ReduceMin(Reduce):
     def reduce(self, x):
         return torch.amin(x, self.dims, keepdim=self.keepdims)
+
+    def grad(self, g):
+        self.fused_grad(g, "ReduceMinGrad", g.input(0), g.output(0))
+
+
+@register_op("ReduceMinGrad", versions=1, domain=AI_GRAPHCORE)
+class ReduceMinGrad(ReduceMaxGrad):
+    """Same rule as ReduceMaxGrad: the selected elements are those equal to the output."""
 
 
 @register_op("ReduceProd", versions=(1, 11, 13, 18))
@@ -140,11 +220,53 @@ class ReduceProd(Reduce):
             x = torch.prod(x, d, keepdim=True, dtype=self.sum_dtype)
         return x if self.keepdims else x.reshape(self.out_shape)
 
+    def grad(self, g):
+        self.fused_grad(g, "ReduceProdGrad", g.input(0))
+
+
+@register_op("ReduceProdGrad", versions=1, domain=AI_GRAPHCORE)
+class ReduceProdGrad(ReduceGrad):
+    """dy times the product of the other reduced elements.
+
+    Computed as exclusive prefix and suffix products rather than y / x, which is exact when
+    the input holds zeros.
+    """
+
+    def infer(self, dy, x):
+        info = super().infer(dy, x)
+        axes = self.attrs.axes
+        kept_axes = tuple(d for d in range(len(self.attrs.shape)) if d not in axes)
+        # The reduced axes move last and flatten into one.
+        self.perm = kept_axes + axes
+        self.inverse = tuple(sorted(range(len(self.perm)), key=self.perm.__getitem__))
+        return info
+
+    def kernel(self, dy, x):
+        if not self.attrs.axes:
+            return dy.reshape(self.attrs.shape)
+        moved = x.permute(self.perm)
+        flat = moved.reshape(*moved.shape[: len(self.perm) - len(self.attrs.axes)], self.count)
+        ones = torch.ones((*flat.shape[:-1], 1), dtype=x.dtype)
+        before = torch.cumprod(torch.cat([ones, flat[..., :-1]], -1), -1)
+        after = torch.cumprod(torch.cat([ones, flat.flip(-1)[..., :-1]], -1), -1).flip(-1)
+        others = (before * after).reshape(moved.shape).permute(self.inverse)
+        return self.broadcast(dy) * others
+
 
 @register_op("ReduceL1", versions=(1, 11, 13, 18))
 class ReduceL1(Reduce):
     def reduce(self, x):
         return self._sum(torch.abs(x))
+
+    def grad(self, g):
+        self.fused_grad(g, "ReduceL1Grad", g.input(0))
+
+
+@register_op("ReduceL1Grad", versions=1, domain=AI_GRAPHCORE)
+class ReduceL1Grad(ReduceGrad):
+    # sign(0) = 0: the subgradient torch picks.
+    def kernel(self, dy, x):
+        return self.broadcast(dy) * torch.sign(x)
 
 
 @register_op("ReduceL2", versions=(1, 11, 13, 18))
@@ -154,6 +276,18 @@ class ReduceL2(Reduce):
             return torch.sqrt(self._sum(x * x).double()).to(x.dtype)
         return torch.linalg.vector_norm(x, 2, self.dims, keepdim=self.keepdims)
 
+    def grad(self, g):
+        self.fused_grad(g, "ReduceL2Grad", g.input(0), g.output(0))
+
+
+@register_op("ReduceL2Grad", versions=1, domain=AI_GRAPHCORE)
+class ReduceL2Grad(ReduceGrad):
+    """dy * x / norm, and 0 where the norm is 0 (as torch)."""
+
+    def kernel(self, dy, x, y):
+        y = self.kept_shape(y)
+        return x * torch.where(y == 0, 0, self.kept_shape(dy) / y)
+
 
 @register_op("ReduceLogSum", versions=(1, 11, 13, 18))
 class ReduceLogSum(Reduce):
@@ -161,6 +295,17 @@ class ReduceLogSum(Reduce):
         if self.is_int:
             return torch.log(self._sum(x).double()).to(x.dtype)
         return torch.log(self._sum(x))
+
+    def grad(self, g):
+        self.fused_grad(g, "ReduceLogSumGrad", g.output(0))
+
+
+@register_op("ReduceLogSumGrad", versions=1, domain=AI_GRAPHCORE)
+class ReduceLogSumGrad(ReduceGrad):
+    """dy / sum(x), with sum(x) = exp(y), so x need not stay alive."""
+
+    def kernel(self, dy, y):
+        return self.broadcast(dy * torch.exp(-y))
 
 
 @register_op("ReduceLogSumExp", versions=(1, 11, 13, 18))
@@ -174,11 +319,31 @@ class ReduceLogSumExp(Reduce):
             return log_sum + (top if self.keepdims else top.reshape(self.out_shape))
         return torch.logsumexp(x, self.dims, keepdim=self.keepdims)
 
+    def grad(self, g):
+        self.fused_grad(g, "ReduceLogSumExpGrad", g.input(0), g.output(0))
+
+
+@register_op("ReduceLogSumExpGrad", versions=1, domain=AI_GRAPHCORE)
+class ReduceLogSumExpGrad(ReduceGrad):
+    """dy * softmax(x) over the reduced axes: exp(x - y)."""
+
+    def kernel(self, dy, x, y):
+        return self.kept_shape(dy) * torch.exp(x - self.kept_shape(y))
+
 
 @register_op("ReduceSumSquare", versions=(1, 11, 13, 18))
 class ReduceSumSquare(Reduce):
     def reduce(self, x):
         return self._sum(x * x)
+
+    def grad(self, g):
+        self.fused_grad(g, "ReduceSumSquareGrad", g.input(0))
+
+
+@register_op("ReduceSumSquareGrad", versions=1, domain=AI_GRAPHCORE)
+class ReduceSumSquareGrad(ReduceGrad):
+    def kernel(self, dy, x):
+        return 2 * x * self.kept_shape(dy)
 
 
 # --- ArgMax / ArgMin ----------------------------------------------------------------------------

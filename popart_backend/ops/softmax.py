@@ -2,6 +2,9 @@
 
 Versions 1 and 11 coerce the input to 2-D at ``axis`` ([prod(d[:axis]), prod(d[axis:])]) and
 normalize each row; version 13 normalizes along the single dim ``axis``.
+
+Gradients read the forward output Y (as torch's backward does): SoftmaxGrad and
+LogSoftmaxGrad, which keep the forward's axis semantics (``coerce_2d`` for versions < 13).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from ..errors import ShapeError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
 from .base import normalize_axis
-from .registry import register_op
+from .registry import AI_GRAPHCORE, register_op
 
 
 class _AxisNormalizer(Op):
@@ -61,16 +64,69 @@ class _AxisNormalizer(Op):
 
 
 
+class _AxisNormalizerGrad(_AxisNormalizer):
+    """dX from dY and the forward output Y, along the forward's axis."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        axis: int = -1
+        coerce_2d: int = 0
+
+    @classmethod
+    def attrs_type(cls, version: int):
+        return cls.Attrs
+
+    def infer(self, dy, y):
+        # The forward's rule: coerce to 2-D as versions < 13 did, or one axis as 13 does.
+        self.version = 1 if self.attrs.coerce_2d else 13
+        return _AxisNormalizer.infer(self, y)
+
+    def kernel(self, dy, y):
+        if self._coerced is None:
+            return self.backward(dy, y, self._dim)
+        return self.backward(dy.reshape(self._coerced), y.reshape(self._coerced), 1).reshape(y.shape)
+
+    def backward(self, dy, y, dim):
+        raise NotImplementedError
+
+
+def _axis_grad(op: _AxisNormalizer, g, grad_type: str) -> None:
+    g.set_input_grad(0, g.op(grad_type, g.output_grad(0), g.output(0), domain=AI_GRAPHCORE,
+                             axis=op.attrs.axis, coerce_2d=int(op.version < 13)))
+
+
 @register_op("Softmax", versions=(1, 11, 13))
 class Softmax(_AxisNormalizer):
     def compute(self, x, dim):
         return torch.softmax(x, dim)
+
+    def grad(self, g):
+        _axis_grad(self, g, "SoftmaxGrad")
+
+
+@register_op("SoftmaxGrad", versions=1, domain=AI_GRAPHCORE)
+class SoftmaxGrad(_AxisNormalizerGrad):
+    """dX = Y * (dY - sum(dY * Y))."""
+
+    def backward(self, dy, y, dim):
+        return torch._softmax_backward_data(dy, y, dim, y.dtype)
 
 
 @register_op("LogSoftmax", versions=(1, 11, 13))
 class LogSoftmax(_AxisNormalizer):
     def compute(self, x, dim):
         return torch.log_softmax(x, dim)
+
+    def grad(self, g):
+        _axis_grad(self, g, "LogSoftmaxGrad")
+
+
+@register_op("LogSoftmaxGrad", versions=1, domain=AI_GRAPHCORE)
+class LogSoftmaxGrad(_AxisNormalizerGrad):
+    """dX = dY - exp(Y) * sum(dY)."""
+
+    def backward(self, dy, y, dim):
+        return torch._log_softmax_backward_data(dy, y, dim, y.dtype)
 
 
 @register_op("Hardmax", versions=(1, 11, 13))
@@ -80,3 +136,6 @@ class Hardmax(_AxisNormalizer):
     def compute(self, x, dim):
         index = torch.argmax(x, dim, keepdim=True)
         return torch.zeros_like(x).scatter_(dim, index, 1.0)
+
+    def grad(self, g):
+        """Piecewise constant: the gradient is zero, so nothing flows back."""

@@ -2,14 +2,34 @@
 
 A pass is an object with a ``name`` and ``run(ir) -> bool`` (True when it changed the IR).
 With ``debug=True`` the IR is verified after every pass.
+
+Training (docs/training.md) runs no fusion pass: the fused inference kernels have no
+gradients, and BatchNorm folding assumes inference statistics.
 """
 
 from __future__ import annotations
 
 import logging
 
+import numpy as np
+
+from ..errors import popart_exception
+from ..ir.op import ExecutionContext, OpSettings
+from ..ir.tensor import TensorInfo, TensorKind, TensorRole
 from ..ir.verify import verify
+from ..dtypes import DataType
+from ..ops.registry import create_op
+from .autodiff import GRADIENT_PREFIX, Autodiff
 from .const_fold import FoldConstants
+from .fuse_attention import FuseAttention
+from .fuse_conv_act import FuseConvActivation
+from .fuse_conv_bn import FoldBatchNormIntoConv
+from .fuse_gelu import FuseGelu
+from .fuse_layer_norm import FuseLayerNorm
+from .fuse_matmul_add import FuseMatMulAdd
+from .grad_accumulation import AccumulateGradients, ResetAccumulators, reduction_factors
+from .random_seed import WireRandomSeed
+from .training_semantics import TrainingSemantics
 
 _log = logging.getLogger("popart:transform")
 
@@ -18,7 +38,122 @@ def inference_passes(options=None) -> list:
     """Passes for an InferenceSession, in order. ``options`` is the session's SessionOptions."""
     return [
         FoldConstants(),
+        # Compile-time fusions (DESIGN decision 9); BN folding must precede Conv+Relu.
+        FoldBatchNormIntoConv(),
+        FuseConvActivation(),
+        FuseMatMulAdd(),
+        FuseGelu(),
+        FuseLayerNorm(),
+        FuseAttention(),
     ]
+
+
+def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
+                    replication_factor: int = 1) -> list:
+    """Passes for a TrainingSession, in order (docs/training.md).
+
+    ``optimizer`` provides ``apply``, ``getLossScalingVal`` and ``loss_scaling_is_const``
+    (``popart_backend.optimizers``). The ``ApplyOptimizer`` pass of the list keeps what the
+    optimizer added (``.tensors``), which the session reads.
+    """
+    loss_factor, grad_factor = reduction_factors(options, accumulation_factor,
+                                                 replication_factor)
+    loss_scaling = float(optimizer.getLossScalingVal())
+    const_scaling = optimizer.loss_scaling_is_const()
+    autodiff = Autodiff(loss_id, loss_scaling * loss_factor if const_scaling else loss_factor)
+    passes: list = [FoldConstants(), TrainingSemantics(), autodiff]
+    if not const_scaling:
+        passes.append(SeedLossScaling(loss_id, loss_scaling))
+    grads = lambda: trained_weights(autodiff)  # noqa: E731 - filled when autodiff runs
+    context = ExecutionContext.Normal
+    accumulation = None
+    if options.enableGradientAccumulation:
+        accumulation = AccumulateGradients(
+            grads, accumulation_factor, options.accumulationAndReplicationReductionType,
+            options.meanAccumulationAndReplicationReductionStrategy)
+        passes.append(accumulation)
+        grads = lambda: accumulation.weight_grads  # noqa: E731
+        context = accumulation.context
+    grad_scale = grad_factor / loss_scaling if const_scaling else grad_factor
+    passes.append(ApplyOptimizer(optimizer, grads, context, grad_scale))
+    if accumulation is not None:
+        passes.append(ResetAccumulators(accumulation))
+    passes.append(WireRandomSeed())
+    return passes
+
+
+def trained_weights(autodiff: Autodiff) -> dict[str, str]:
+    """Weight id -> gradient id for the WEIGHT variables autodiff reached (running statistics
+    and other state variables are not trained)."""
+    tensors = autodiff.graph.tensors
+    return {w: g for w, g in autodiff.variable_grads.items()
+            if tensors[w].role is TensorRole.WEIGHT}
+
+
+class SeedLossScaling:
+    """Pass: multiply the loss gradient by the optimizer's non-const ``lossScaling_FLOAT``
+    variable, so ``updateOptimizerFromHost`` can change loss scaling without recompiling.
+
+    Before:  Gradient___loss = <const 1>            After:  Gradient___loss/seed = <const 1>
+             dx = LossGrad(Gradient___loss, x)              Gradient___loss/scaled = Mul(
+                                                                Gradient___loss/seed, lossScaling_FLOAT)
+                                                            dx = LossGrad(Gradient___loss/scaled, x)
+    """
+
+    name = "seed_loss_scaling"
+    TENSOR = "lossScaling_FLOAT"  # the id the optimizer reuses (docs/training.md)
+
+    def __init__(self, loss_id: str, value: float):
+        self.loss_id = loss_id
+        self.value = value
+
+    def run(self, ir) -> bool:
+        graph = ir.main
+        seed = graph.tensors.get(GRADIENT_PREFIX + self.loss_id)
+        if seed is None or not seed.is_const:
+            raise popart_exception(
+                f"seed_loss_scaling: the loss gradient '{GRADIENT_PREFIX + self.loss_id}' was not "
+                f"created by autodiff; a tensor of the model already uses that name."
+            )
+        scaling = graph.tensors.get(self.TENSOR)
+        if scaling is None:
+            scaling = graph.add_tensor(self.TENSOR, TensorInfo(DataType.FLOAT, ()),
+                                       TensorKind.VARIABLE, np.array(self.value, np.float32))
+            scaling.role = TensorRole.OPTIMIZER_PARAM
+        factor = self.TENSOR
+        if seed.info.dtype is not DataType.FLOAT:
+            factor = self._add(graph, "Cast", [self.TENSOR], f"{self.TENSOR}/cast",
+                               to=int(seed.info.dtype.onnx))
+        unscaled = graph.add_const(graph.unique_id(f"{seed.id}/seed"), seed.data)
+        scaled = self._add(graph, "Mul", [unscaled.id, factor], f"{seed.id}/scaled")
+        graph.replace_all_uses(seed, graph.tensor(scaled))
+        graph.remove_tensor(seed)
+        return True
+
+    @staticmethod
+    def _add(graph, op_type: str, inputs: list[str], output: str, **attrs) -> str:
+        out = graph.unique_id(output)
+        op = create_op(op_type, attrs, OpSettings(name=out), where=out)
+        graph.add_op(op, inputs, [out])
+        return out
+
+
+class ApplyOptimizer:
+    """Pass: ``optimizer.apply`` over the weight gradients; ``tensors`` keeps its result."""
+
+    name = "apply_optimizer"
+
+    def __init__(self, optimizer, gradients, context: ExecutionContext, grad_scale: float):
+        self.optimizer = optimizer
+        self._gradients = gradients
+        self.context = context
+        self.grad_scale = grad_scale
+        self.tensors = None
+
+    def run(self, ir) -> bool:
+        gradients = self._gradients()
+        self.tensors = self.optimizer.apply(ir, dict(gradients), self.context, self.grad_scale)
+        return bool(gradients)
 
 
 def run_passes(ir, passes, debug: bool = False) -> None:

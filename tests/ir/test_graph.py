@@ -6,7 +6,8 @@ import pytest
 from popart_backend.dtypes import DataType
 from popart_backend.errors import ShapeError, popart_exception, popart_internal_exception
 from popart_backend.ir import Ir, OpSettings, TensorInfo, TensorKind, format_graph, verify
-from popart_backend.ops.elementwise import Add, Relu
+from popart_backend.ops.activations import Relu
+from popart_backend.ops.elementwise import Add
 from popart_backend.transforms.const_fold import try_fold
 
 F32 = DataType.FLOAT

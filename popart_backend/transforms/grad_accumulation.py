@@ -1,0 +1,183 @@
+"""Gradient accumulation (spec §5.3, §11; F73, F75): sum or average the gradients of ``af``
+micro-batches into ``Accum___<w>`` variables and update the weights once per ``af``.
+
+Two passes, around the optimizer pass:
+
+- ``AccumulateGradients`` (before the optimizer) adds, per weight w with gradient
+  ``Gradient___w``, a zero-initialised variable ``Accum___w`` (role ACCUMULATOR) and an in-place
+  ``Accumulate`` op run every micro-batch. It then says which tensor the optimizer reads as w's
+  gradient (``weight_grads``) and with which extra factor (``grad_scale``), and that the
+  optimizer runs in the ``AccumulateOuterFragment`` (once per weight update).
+- ``ResetAccumulators`` (after the optimizer) zeroes every accumulator in the outer fragment,
+  after the optimizer has read it.
+
+``accumulationAndReplicationReductionType`` Sum uses the summed gradient. Mean divides by af
+(and by the replica count), each ``MeanReductionStrategy`` literally:
+
+- Running: ``Accumulate`` keeps the running mean, ``accum += (g - accum)/(n + 1)``, reading a
+  micro-batch counter ``Counter___accumulation`` (role STEP) incremented after the accumulators.
+- Post: the accumulator holds the sum; the optimizer's ``grad_scale`` divides it by af·rf.
+- PostAndLoss: the loss gradient is divided by rf (the session seeds autodiff with it, see
+  ``reduction_factors``) and an in-place ``AccumulatorScale`` divides the sum by af before the
+  optimizer reads it.
+
+Before (af = 4, Sum):                       After:
+  Gradient___w = ...                          Gradient___w = ...
+  UpdatedVar___w = SGDUpdate(w, Gradient___w)   Accum___w/accumulated = Accumulate(Accum___w, Gradient___w)
+                                              # outer fragment, once per 4 micro-batches:
+                                              UpdatedVar___w = SGDUpdate(w, Accum___w)
+                                              Accum___w/reset = AccumulatorScale(Accum___w, factor=0)
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..errors import popart_exception, popart_internal_exception
+from ..ir.ir import Ir
+from ..ir.op import ExecutionContext, OpSettings
+from ..ir.tensor import TensorInfo, TensorKind, TensorRole
+from ..ops.registry import AI_GRAPHCORE, create_op
+from ..options import MeanReductionStrategy, ReductionType
+
+ACCUM_PREFIX = "Accum___"
+COUNTER_ID = "Counter___accumulation"
+OUTER = ExecutionContext.AccumulateOuterFragment
+_log = logging.getLogger("popart:transform")
+
+
+def reduction_factors(options, accumulation_factor: int,
+                      replication_factor: int) -> tuple[float, float]:
+    """(loss-gradient factor, optimizer gradient factor) of the reduction options.
+
+    The loss gradient is seeded with lossScaling × the first; the optimizer's ``grad_scale`` is
+    the second ÷ lossScaling. Running and PostAndLoss divide by af inside the accumulation pass
+    (so not here); Post divides by af·rf at the optimizer.
+    """
+    if options.accumulationAndReplicationReductionType is ReductionType.Sum:
+        return 1.0, 1.0
+    if options.accumulationAndReplicationReductionType is not ReductionType.Mean:
+        raise popart_exception(
+            f"accumulationAndReplicationReductionType = "
+            f"{options.accumulationAndReplicationReductionType} is not supported for gradients; "
+            f"use ReductionType.Sum or ReductionType.Mean."
+        )
+    strategy = options.meanAccumulationAndReplicationReductionStrategy
+    if strategy is MeanReductionStrategy.Running:
+        return 1.0, 1.0 / replication_factor
+    if strategy is MeanReductionStrategy.Post:
+        accumulated = accumulation_factor if options.enableGradientAccumulation else 1
+        return 1.0, 1.0 / (accumulated * replication_factor)
+    if strategy is MeanReductionStrategy.PostAndLoss:
+        return 1.0 / replication_factor, 1.0
+    raise popart_exception(f"meanAccumulationAndReplicationReductionStrategy {strategy} unknown.")
+
+
+class AccumulateGradients:
+    """Pass: accumulators and per-micro-batch ``Accumulate`` ops for every weight gradient.
+
+    ``gradients`` is a callable giving ``{weight id: gradient id}`` once autodiff has run (the
+    passes are built before any of them runs). After ``run``, ``weight_grads`` maps each weight
+    to the tensor its optimizer update reads.
+    """
+
+    name = "accumulate_gradients"
+
+    def __init__(self, gradients, accumulation_factor: int, reduction: ReductionType,
+                 strategy: MeanReductionStrategy):
+        if accumulation_factor < 1:
+            raise popart_exception(
+                f"accumulationFactor = {accumulation_factor}: gradient accumulation needs a "
+                f"factor >= 1 micro-batches per weight update."
+            )
+        self._gradients = gradients
+        self.accumulation_factor = accumulation_factor
+        self.mean = reduction is ReductionType.Mean
+        self.strategy = strategy
+        self.weight_grads: dict[str, str] = {}
+        self.accumulators: dict[str, str] = {}
+        self.counter_id: str | None = None
+        self.context = OUTER
+
+    def run(self, ir: Ir) -> bool:
+        graph = ir.main
+        gradients = self._gradients()
+        if not gradients:
+            return False
+        running = self.mean and self.strategy is MeanReductionStrategy.Running
+        post_scale = self.mean and self.strategy is MeanReductionStrategy.PostAndLoss
+        if running:
+            self._variable(graph, COUNTER_ID, np.zeros((), np.float32), TensorRole.STEP)
+        for weight_id, grad_id in gradients.items():
+            grad = graph.tensor(grad_id)
+            accum_id = graph.unique_id(ACCUM_PREFIX + weight_id)
+            if accum_id != ACCUM_PREFIX + weight_id:
+                raise popart_exception(
+                    f"Cannot create accumulator '{ACCUM_PREFIX + weight_id}' for weight "
+                    f"'{weight_id}': the model already has a tensor of that name; rename it."
+                )
+            self._variable(graph, accum_id, np.zeros(grad.info.shape, grad.info.dtype.numpy),
+                           TensorRole.ACCUMULATOR)
+            inputs = [accum_id, grad_id] + ([COUNTER_ID] if running else [])
+            self._add(graph, "Accumulate", inputs, f"{accum_id}/accumulated",
+                      ExecutionContext.Normal, accumulation_type="Mean" if running else "Add")
+            read_id = accum_id
+            if post_scale:
+                read_id = self._add(graph, "AccumulatorScale", [accum_id], f"{accum_id}/mean",
+                                    OUTER, factor=1.0 / self.accumulation_factor).outputs[0].id
+            self.accumulators[weight_id] = accum_id
+            self.weight_grads[weight_id] = read_id
+        if running:
+            # Graph.add_op schedules the Accumulates, which read the count, before this write.
+            one = graph.add_const(graph.unique_id(f"{COUNTER_ID}/one"), np.ones((), np.float32))
+            self._add(graph, "Accumulate", [COUNTER_ID, one.id], f"{COUNTER_ID}/incremented",
+                      ExecutionContext.Normal)
+            self.counter_id = COUNTER_ID
+        _log.debug("accumulate_gradients: %d accumulators, af = %d", len(gradients),
+                   self.accumulation_factor)
+        return True
+
+    @staticmethod
+    def _variable(graph, tensor_id: str, value: np.ndarray, role: TensorRole):
+        tensor = graph.add_tensor(tensor_id, TensorInfo.of(value), TensorKind.VARIABLE, value)
+        tensor.role = role
+        return tensor
+
+    @staticmethod
+    def _add(graph, op_type: str, inputs: list[str], output: str, context: ExecutionContext,
+             **attrs):
+        settings = OpSettings(name=output, execution_context=context)
+        op = create_op(op_type, attrs, settings, domain=AI_GRAPHCORE, where=output)
+        return graph.add_op(op, inputs, [graph.unique_id(output)])
+
+
+class ResetAccumulators:
+    """Pass: zero every accumulator of ``accumulation`` in the outer fragment, after the
+    optimizer read it (and the running-mean counter)."""
+
+    name = "reset_accumulators"
+
+    def __init__(self, accumulation: AccumulateGradients):
+        self._accumulation = accumulation
+
+    def run(self, ir: Ir) -> bool:
+        graph = ir.main
+        accumulation = self._accumulation
+        for weight_id, accum_id in accumulation.accumulators.items():
+            # Reset through the tensor the optimizer read (an alias of the accumulator), so
+            # the scheduler puts every reader of it first.
+            read_id = accumulation.weight_grads.get(weight_id, accum_id)
+            tensor = graph.tensor(read_id)
+            if read_id != accum_id and tensor.producer is None:
+                raise popart_internal_exception(
+                    f"reset_accumulators: '{read_id}' should alias accumulator '{accum_id}'."
+                )
+            AccumulateGradients._add(graph, "AccumulatorScale", [read_id], f"{accum_id}/reset",
+                                     OUTER, factor=0.0)
+        if accumulation.counter_id is not None:
+            AccumulateGradients._add(graph, "AccumulatorScale", [accumulation.counter_id],
+                                     f"{accumulation.counter_id}/reset", OUTER, factor=0.0)
+        return bool(accumulation.accumulators)
+

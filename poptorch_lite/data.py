@@ -1,0 +1,238 @@
+"""Data loading in combined batches (spec §2.6, P46-P50).
+
+``DataLoader`` is a real ``torch.utils.data.DataLoader`` whose batch is the *combined* batch:
+``batch_size × deviceIterations × replicationFactor × gradientAccumulation`` samples, so one
+item feeds one wrapper call. ``AsynchronousDataAccessor`` loads batches on a background thread
+into a bounded queue so the host prepares the next batch while the device runs.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import queue
+import threading
+import warnings
+
+import torch
+import torch.utils.data
+
+from .errors import Error
+from .options import Options
+
+__all__ = ["AsynchronousDataAccessor", "DataLoader", "DataLoaderMode"]
+
+_log = logging.getLogger("poptorch_lite")
+
+
+class DataLoaderMode(enum.IntEnum):
+    Sync = 0
+    Async = 1
+    AsyncRebatched = 2
+
+
+def combined_batch_factor(options: Options) -> int:
+    group = options._values["inputReplicaGrouping"][0]
+    return (options.device_iterations * (options.replication_factor // group)
+            * options._values["Training.gradientAccumulation"])
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """``DataLoader(options, dataset, batch_size=1, shuffle=None, ..., drop_last=True,
+    mode=DataLoaderMode.Sync)``: each item is one call's combined batch."""
+
+    def __init__(self, options: Options, dataset, batch_size: int = 1, shuffle=None,
+                 num_workers: int = 0, drop_last: bool = True, persistent_workers=None,
+                 auto_distributed_partitioning: bool = True, mode=DataLoaderMode.Sync,
+                 async_options: dict | None = None, rebatched_worker_size=None,
+                 batch_sampler=None, **kwargs):
+        if not isinstance(options, Options):
+            raise Error(f"DataLoader: the first argument must be poptorch_lite.Options, got "
+                        f"{type(options).__name__}.")
+        if not isinstance(mode, DataLoaderMode):
+            raise TypeError(f"DataLoader: mode must be a DataLoaderMode, got {mode!r}.")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"DataLoader: batch_size must be an int >= 1, got {batch_size!r}.")
+        options._freeze()
+        self._options = options
+        self.micro_batch_size = batch_size
+        factor = combined_batch_factor(options)
+        self.combinedBatchSize = batch_size * factor
+        shuffle = bool(shuffle) if shuffle is not None else False
+        if persistent_workers is None:
+            persistent_workers = num_workers > 0
+        self._mode = mode
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle:
+                raise Error("DataLoader: batch_sampler excludes batch_size != 1 and shuffle "
+                            "(torch's rule); the sampler defines the micro-batches.")
+            batch_sampler = _CombinedBatchSampler(batch_sampler, factor)
+            super().__init__(dataset, batch_sampler=batch_sampler, num_workers=num_workers,
+                             persistent_workers=persistent_workers, **kwargs)
+        else:
+            if hasattr(dataset, "__len__") and not isinstance(
+                    dataset, torch.utils.data.IterableDataset):
+                total = len(dataset)
+                rest = total % self.combinedBatchSize
+                if rest and drop_last:
+                    warnings.warn(
+                        f"DataLoader: {rest} of {total} samples are dropped: the combined batch "
+                        f"is {self.combinedBatchSize} = batch_size({batch_size}) × "
+                        f"deviceIterations × replicas × gradientAccumulation ({factor}) and "
+                        f"drop_last=True. Pass drop_last=False to keep them (the short last "
+                        f"batch then needs its own compile).", UserWarning, stacklevel=2)
+                elif rest:
+                    warnings.warn(
+                        f"DataLoader: the last batch has {rest} samples instead of "
+                        f"{self.combinedBatchSize}; it fails the combined-batch check unless "
+                        f"padded.", UserWarning, stacklevel=2)
+            super().__init__(dataset, batch_size=self.combinedBatchSize, shuffle=shuffle,
+                             num_workers=num_workers, drop_last=drop_last,
+                             persistent_workers=persistent_workers, **kwargs)
+        self._accessor = None
+        if mode is not DataLoaderMode.Sync:
+            rebatched = None
+            if mode is DataLoaderMode.AsyncRebatched:
+                rebatched = rebatched_worker_size or self.combinedBatchSize
+                if rebatched > self.combinedBatchSize:
+                    raise Error(f"DataLoader: rebatched_worker_size {rebatched} exceeds the "
+                                f"combined batch {self.combinedBatchSize}.")
+            self._accessor = AsynchronousDataAccessor(self, **(async_options or {}))
+
+    @property
+    def options(self) -> Options:
+        return self._options
+
+    def __iter__(self):
+        if self._accessor is not None and not getattr(self, "_in_accessor", False):
+            return iter(self._accessor)
+        return super().__iter__()
+
+    def terminate(self) -> None:
+        if self._accessor is not None:
+            self._accessor.terminate()
+
+
+class _CombinedBatchSampler(torch.utils.data.Sampler):
+    """Concatenates ``factor`` consecutive batches of a user batch sampler."""
+
+    def __init__(self, batch_sampler, factor: int):
+        self.batch_sampler = batch_sampler
+        self.factor = factor
+
+    def __iter__(self):
+        group = []
+        for count, batch in enumerate(self.batch_sampler, start=1):
+            group.extend(batch)
+            if count % self.factor == 0:
+                yield group
+                group = []
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler) // self.factor
+
+
+_END = object()
+
+
+class AsynchronousDataAccessor:
+    """Iterate a DataLoader (or any iterable) on a background thread (P48).
+
+    ``buffer_size`` batches are prepared ahead. ``load_indefinitely=True`` restarts the
+    underlying iterable for every epoch. Call ``terminate()`` to stop the worker.
+    """
+
+    def __init__(self, dataset, buffer_size: int = 3, miss_sleep_time_in_ms: float = 0.1,
+                 load_indefinitely: bool = True, early_preload: bool = False,
+                 sharing_strategy=None, rebatched_size=None):
+        if isinstance(dataset, DataLoader) and dataset._accessor is not None and (
+                dataset._accessor is not self and getattr(dataset, "_in_accessor", False)):
+            raise Error("AsynchronousDataAccessor: this DataLoader already has an accessor.")
+        if rebatched_size is not None and rebatched_size <= 1:
+            raise ValueError(f"AsynchronousDataAccessor: rebatched_size must be > 1, got "
+                             f"{rebatched_size}.")
+        if not isinstance(buffer_size, int) or buffer_size < 1:
+            raise ValueError(f"AsynchronousDataAccessor: buffer_size must be >= 1, got "
+                             f"{buffer_size!r}.")
+        self._dataset = dataset
+        if isinstance(dataset, DataLoader):
+            dataset._in_accessor = True
+        self._buffer_size = buffer_size
+        self._load_indefinitely = load_indefinitely
+        self._queue: queue.Queue | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._iterating = False
+        if early_preload:
+            self._start()
+
+    def __len__(self) -> int:
+        return len(self._dataset)
+
+    def _start(self) -> None:
+        self._stop.clear()
+        self._queue = queue.Queue(maxsize=self._buffer_size)
+        self._thread = threading.Thread(target=self._worker, name="poptorch_lite-data",
+                                        daemon=True)
+        try:
+            self._thread.start()
+        except RuntimeError as exc:
+            raise Error(f"AsynchronousDataAccessor: worker thread failed to start ({exc}).") \
+                from exc
+
+    def _worker(self) -> None:
+        q = self._queue
+        try:
+            while not self._stop.is_set():
+                for item in self._dataset:
+                    if not self._put(q, item):
+                        return
+                if not self._put(q, _END) or not self._load_indefinitely:
+                    return
+        except Exception as exc:  # handed to the consumer, which re-raises it
+            self._put(q, _WorkerFailure(exc))
+
+    def _put(self, q: queue.Queue, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self):
+        if self._thread is None or not self._thread.is_alive():
+            if self._thread is not None and self._queue is not None and not self._queue.empty():
+                pass  # the finished worker left an epoch in the queue: consume it
+            else:
+                self._start()
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, _WorkerFailure):
+                raise Error(f"AsynchronousDataAccessor: the worker failed: "
+                            f"{type(item.exc).__name__}: {item.exc}") from item.exc
+            yield item
+
+    def terminate(self) -> None:
+        """Stop the worker thread and drop prepared batches."""
+        self._stop.set()
+        if self._thread is not None:
+            while self._queue is not None and not self._queue.empty():
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            self._thread.join(timeout=5)
+        self._thread = None
+
+    def __del__(self):
+        if getattr(self, "_thread", None) is not None:
+            self._stop.set()
+
+
+class _WorkerFailure:
+    def __init__(self, exc: Exception):
+        self.exc = exc

@@ -1,0 +1,744 @@
+"""``poptorch_lite.Options`` (spec §2.5, P21-P36) and its translation to backend options.
+
+Setters return ``self`` so calls chain, check their argument types (``TypeError`` naming the
+option) and store typed values. An object handed to a wrapper or a DataLoader is frozen: later
+setters raise ``AttributeError`` ("frozen; use clone()"). ``to_backend()`` turns the values into a
+``popart_backend.SessionOptions`` plus the DataFlow settings the wrapper needs.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import enum
+import json
+import logging
+import os
+import warnings
+
+import popart_backend as popart
+import torch
+
+from .errors import ConfigFileError, Error
+
+__all__ = [
+    "CommGroupType",
+    "ConnectionType",
+    "MeanReductionStrategy",
+    "Options",
+    "OutputMode",
+    "AnchorMode",
+    "ReductionType",
+    "SyncPattern",
+    "TensorLocationSettings",
+]
+
+_log = logging.getLogger("poptorch_lite")
+
+REPLICATION_ISSUE = 5
+
+
+class OutputMode(enum.IntEnum):
+    """Which micro-batches' outputs a call returns (spec §2.4)."""
+
+    All = 0
+    Final = 1
+    EveryN = 2
+    Sum = 3
+    Default = 4
+
+
+AnchorMode = OutputMode  # the name PopTorch used before 2022 (deprecated alias)
+
+
+class ReductionType(enum.IntEnum):
+    Sum = 0
+    Mean = 1
+    NoReduction = 2
+
+
+class MeanReductionStrategy(enum.IntEnum):
+    Running = 0
+    Post = 1
+    PostAndLoss = 2
+
+
+class ConnectionType(enum.IntEnum):
+    Always = 0
+    OnDemand = 1
+    Never = 2
+
+
+class SyncPattern(enum.IntEnum):
+    Full = 0
+    SinglePipeline = 1
+    ReplicaAndLadder = 2
+
+
+class CommGroupType(enum.IntEnum):
+    All = 0
+    Consecutive = 1
+    Orthogonal = 2
+    NoGrouping = 3
+
+
+_ENUMS = {cls.__name__: cls for cls in (OutputMode, ReductionType, MeanReductionStrategy,
+                                        ConnectionType, SyncPattern, CommGroupType)}
+_LOG_LEVELS = {"OFF": logging.CRITICAL + 10, "ERR": logging.ERROR, "WARN": logging.WARNING,
+               "INFO": logging.INFO, "DEBUG": logging.DEBUG, "TRACE": logging.DEBUG,
+               "TRACE_ALL": logging.DEBUG}
+
+
+def _check_type(option: str, value, types, what: str = ""):
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        ok = False
+    else:
+        ok = isinstance(value, types)
+    if not ok:
+        names = what or (" or ".join(t.__name__ for t in types) if isinstance(types, tuple)
+                         else types.__name__)
+        raise TypeError(f"Options.{option}: expected {names}, got {type(value).__name__} "
+                        f"({value!r}).")
+    return value
+
+
+def _positive(option: str, value) -> int:
+    _check_type(option, value, int)
+    if value < 1:
+        raise ValueError(f"Options.{option}: must be >= 1, got {value}.")
+    return value
+
+
+class _Group:
+    """A set of options stored in ``root._values`` under ``prefix``; frozen with the root."""
+
+    _prefix = ""
+
+    def __init__(self, root: "Options"):
+        object.__setattr__(self, "_root", root)
+
+    def _set(self, key: str, value):
+        self._root._check_not_frozen(self._prefix + key)
+        self._root._values[self._prefix + key] = value
+        return self
+
+    def _get(self, key: str):
+        return self._root._values[self._prefix + key]
+
+    def __setattr__(self, name, value):
+        raise AttributeError(
+            f"Options{'.' + self._prefix.rstrip('.') if self._prefix else ''}: use the setter "
+            f"methods (e.g. {name}(...)) instead of assigning '{name}'.")
+
+
+class _Training(_Group):
+    _prefix = "Training."
+
+    def gradientAccumulation(self, gradient_accumulation: int):  # noqa: N802 - PopTorch's name
+        return self._set("gradientAccumulation",
+                         _positive("Training.gradientAccumulation", gradient_accumulation))
+
+    @property
+    def gradient_accumulation(self) -> int:
+        return self._get("gradientAccumulation")
+
+    def accumulationAndReplicationReductionType(self, reduction_type):  # noqa: N802
+        if not isinstance(reduction_type, ReductionType) or (
+                reduction_type is ReductionType.NoReduction):
+            raise ValueError(
+                "Options.Training.accumulationAndReplicationReductionType: expected "
+                f"ReductionType.Mean or ReductionType.Sum, got {reduction_type!r}.")
+        return self._set("accumulationAndReplicationReductionType", reduction_type)
+
+    def setMeanAccumulationAndReplicationReductionStrategy(self, strategy):  # noqa: N802
+        if not isinstance(strategy, MeanReductionStrategy):
+            raise ValueError(
+                "Options.Training.setMeanAccumulationAndReplicationReductionStrategy: expected a "
+                f"MeanReductionStrategy, got {strategy!r}.")
+        if strategy is MeanReductionStrategy.PostAndLoss:
+            warnings.warn("MeanReductionStrategy.PostAndLoss is deprecated; use Post.",
+                          DeprecationWarning, stacklevel=2)
+        return self._set("meanAccumulationAndReplicationReductionStrategy", strategy)
+
+    def setAutomaticLossScaling(self, enabled: bool):  # noqa: N802
+        return self._set("automaticLossScaling",
+                         _check_type("Training.setAutomaticLossScaling", enabled, bool))
+
+    def setConvolutionDithering(self, enabled: bool):  # noqa: N802
+        return self._set("convolutionDithering",
+                         _check_type("Training.setConvolutionDithering", enabled, bool))
+
+
+class _Precision(_Group):
+    _prefix = "Precision."
+
+    def setPartialsType(self, dtype):  # noqa: N802
+        if dtype not in (torch.float, torch.half):
+            raise ValueError(f"Options.Precision.setPartialsType: expected torch.float or "
+                             f"torch.half, got {dtype!r}.")
+        return self._set("partialsType", "float" if dtype is torch.float else "half")
+
+    def enableFloatingPointExceptions(self, enabled: bool):  # noqa: N802
+        return self._set("floatingPointExceptions",
+                         _check_type("Precision.enableFloatingPointExceptions", enabled, bool))
+
+    def enableStochasticRounding(self, enabled: bool):  # noqa: N802
+        return self._set("stochasticRounding",
+                         _check_type("Precision.enableStochasticRounding", enabled, bool))
+
+    def halfFloatCasting(self, *_args):  # noqa: N802
+        warnings.warn("Options.Precision.halfFloatCasting is deprecated and has no effect.",
+                      DeprecationWarning, stacklevel=2)
+        return self
+
+    def runningStatisticsAlwaysFloat(self, *_args):  # noqa: N802
+        warnings.warn("Options.Precision.runningStatisticsAlwaysFloat is deprecated and has no "
+                      "effect.", DeprecationWarning, stacklevel=2)
+        return self
+
+
+class TensorLocationSettings:
+    """Where a class of tensors lives (memory model only; spec P33)."""
+
+    def __init__(self):
+        self.values: dict = {}
+
+    def _flag(self, key, value, types=bool):
+        self.values[key] = _check_type(f"TensorLocationSettings.{key}", value, types)
+        return self
+
+    def useOnChipStorage(self, use: bool = True):  # noqa: N802
+        return self._flag("onChip", use)
+
+    def useReplicatedTensorSharding(self, use: bool = True):  # noqa: N802
+        return self._flag("useReplicatedTensorSharding", use)
+
+    def minElementsForOffChip(self, min_elements: int):  # noqa: N802
+        return self._flag("minElementsForOffChip", min_elements, int)
+
+    def minElementsForReplicatedTensorSharding(self, min_elements: int):  # noqa: N802
+        return self._flag("minElementsForReplicatedTensorSharding", min_elements, int)
+
+    def useIOTilesToLoad(self, use: bool = True):  # noqa: N802
+        return self._flag("useIOTilesToLoad", use)
+
+    def useIOTilesToStore(self, use: bool = True):  # noqa: N802
+        return self._flag("useIOTilesToStore", use)
+
+
+class _TensorLocations(_Group):
+    _prefix = "TensorLocations."
+
+    def numIOTiles(self, num_tiles: int):  # noqa: N802
+        _check_type("TensorLocations.numIOTiles", num_tiles, int)
+        if num_tiles % 2 or not 32 <= num_tiles <= 192:
+            raise ValueError(f"Options.TensorLocations.numIOTiles: must be even and in "
+                             f"[32, 192], got {num_tiles}.")
+        return self._set("numIOTiles", num_tiles)
+
+    def _location(self, key, settings):
+        _check_type(f"TensorLocations.{key}", settings, TensorLocationSettings)
+        return self._set(key, dict(settings.values))
+
+    def setActivationLocation(self, settings):  # noqa: N802
+        return self._location("activationLocation", settings)
+
+    def setWeightLocation(self, settings):  # noqa: N802
+        return self._location("weightLocation", settings)
+
+    def setOptimizerLocation(self, settings):  # noqa: N802
+        return self._location("optimizerLocation", settings)
+
+    def setAccumulatorLocation(self, settings):  # noqa: N802
+        return self._location("accumulatorLocation", settings)
+
+
+class _Distributed(_Group):
+    _prefix = "Distributed."
+
+    def configureProcessId(self, process_id: int, num_processes: int):  # noqa: N802
+        _check_type("Distributed.configureProcessId", process_id, int)
+        _positive("Distributed.configureProcessId", num_processes)
+        if not 0 <= process_id < num_processes:
+            raise ValueError(f"Options.Distributed.configureProcessId: process id {process_id} "
+                             f"is outside [0, {num_processes}).")
+        self._set("processId", process_id)
+        return self._set("numProcesses", num_processes)
+
+    def setEnvVarNames(self, var_num_processes: str, var_process_id: str):  # noqa: N802
+        self._set("envNumProcesses", var_num_processes)
+        return self._set("envProcessId", var_process_id)
+
+    def disable(self):
+        self._set("processId", 0)
+        return self._set("numProcesses", 1)
+
+    @property
+    def processId(self) -> int:  # noqa: N802
+        return self._get("processId")
+
+    @property
+    def numProcesses(self) -> int:  # noqa: N802
+        return self._get("numProcesses")
+
+
+class _Jit(_Group):
+    _prefix = "Jit."
+
+    def traceModel(self, trace_model: bool):  # noqa: N802
+        if trace_model:
+            raise ValueError("Options.Jit.traceModel(True): the TorchScript tracing frontend is "
+                             "gone; poptorch_lite captures models with torch.export. Use "
+                             "Options.Jit.exporter('torchscript') for the legacy ONNX exporter.")
+        warnings.warn("Options.Jit.traceModel is deprecated and has no effect.",
+                      DeprecationWarning, stacklevel=2)
+        return self
+
+    def exporter(self, name: str):
+        """(lite) ``"dynamo"`` (default: torch.export) or ``"torchscript"`` (legacy, opt-in)."""
+        if name not in ("dynamo", "torchscript"):
+            raise ValueError(f"Options.Jit.exporter: expected 'dynamo' or 'torchscript', got "
+                             f"{name!r}.")
+        return self._set("exporter", name)
+
+
+class _Popart(_Group):
+    _prefix = "_Popart."
+
+    def set(self, key: str, value):
+        _check_type("_Popart.set", key, str)
+        options = dict(self._get("options"))
+        options[key] = value
+        return self._set("options", options)
+
+    def setPatterns(self, patterns: dict, level: int = 2):  # noqa: N802
+        self._set("patternsLevel", level)
+        return self._set("patterns", dict(patterns))
+
+    def setEngineOptions(self, engine_options: dict):  # noqa: N802
+        return self._set("engineOptions", dict(engine_options))
+
+
+_DEFAULTS = {
+    "deviceIterations": 1,
+    "replicationFactor": 1,
+    "inputReplicaGrouping": (1, CommGroupType.Consecutive),
+    "outputMode": OutputMode.Default,
+    "outputReturnPeriod": 1,
+    "anchoredTensors": {},
+    "randomSeed": None,
+    "executableCachePath": os.environ.get("POPTORCH_CACHE_DIR") or None,
+    "useIpuModel": os.environ.get("POPTORCH_IPU_MODEL") == "1",
+    "ipuId": None,
+    "offlineIpuVersion": None,
+    "connectionType": ConnectionType.Always,
+    "syncPattern": SyncPattern.Full,
+    "autoRoundNumIPUs": False,
+    "executionStrategy": None,
+    "availableMemoryProportion": {},
+    "broadcastBuffers": True,
+    "logDir": ".",
+    "maxRepeatLogs": 4,
+    "modelName": None,
+    "profilingDir": None,
+    "logCycleCount": False,
+    "showCompilationProgressBar": True,
+    "enableStableNorm": False,
+    "enableSyntheticData": False,
+    "moduleNamescope": True,
+    "updatableNamedBuffers": [],
+    "relaxOptimizerAttributesChecks": False,
+    "sourceLocationExcludes": ["torch/", "poptorch_lite/"],
+    "Training.gradientAccumulation": 1,
+    "Training.accumulationAndReplicationReductionType": ReductionType.Mean,
+    "Training.meanAccumulationAndReplicationReductionStrategy": MeanReductionStrategy.Post,
+    "Training.automaticLossScaling": False,
+    "Training.convolutionDithering": False,
+    "Precision.partialsType": "float",
+    "Precision.floatingPointExceptions": False,
+    "Precision.stochasticRounding": False,
+    "TensorLocations.numIOTiles": 0,
+    "Distributed.processId": 0,
+    "Distributed.numProcesses": 1,
+    "Jit.exporter": "dynamo",
+    "_Popart.options": {},
+}
+
+
+class Options:
+    """Options of a wrapper or DataLoader: ``Options().deviceIterations(4).randomSeed(0)``."""
+
+    def __init__(self):
+        object.__setattr__(self, "_values", copy.deepcopy(_DEFAULTS))
+        object.__setattr__(self, "_frozen", False)
+        object.__setattr__(self, "Training", _Training(self))
+        object.__setattr__(self, "Precision", _Precision(self))
+        object.__setattr__(self, "TensorLocations", _TensorLocations(self))
+        object.__setattr__(self, "Distributed", _Distributed(self))
+        object.__setattr__(self, "Jit", _Jit(self))
+        object.__setattr__(self, "_Popart", _Popart(self))
+        defaults = os.environ.get("POPTORCH_DEFAULT_OPTIONS")
+        if defaults:
+            self.from_json(defaults)
+        level = os.environ.get("POPTORCH_LOG_LEVEL")
+        if level:
+            self.setLogLevel(level)
+
+    # --- freezing, copying, printing --------------------------------------------------------
+
+    def _check_not_frozen(self, key: str) -> None:
+        if self._frozen:
+            raise AttributeError(
+                f"Options are frozen: '{key}' cannot be changed after the options were given to "
+                f"a wrapper or DataLoader. Use options.clone() to get an editable copy.")
+
+    def _set(self, key: str, value):
+        self._check_not_frozen(key)
+        self._values[key] = value
+        return self
+
+    def _freeze(self) -> None:
+        object.__setattr__(self, "_frozen", True)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Options: use the setter methods (e.g. {name}(...)) instead of "
+                             f"assigning '{name}'.")
+
+    def clone(self) -> "Options":
+        """An unfrozen deep copy."""
+        other = Options.__new__(Options)
+        object.__setattr__(other, "_values", copy.deepcopy(self._values))
+        object.__setattr__(other, "_frozen", False)
+        for name, group in (("Training", _Training), ("Precision", _Precision),
+                            ("TensorLocations", _TensorLocations), ("Distributed", _Distributed),
+                            ("Jit", _Jit), ("_Popart", _Popart)):
+            object.__setattr__(other, name, group(other))
+        return other
+
+    def toDict(self) -> dict:  # noqa: N802
+        """Every option by name; enums as ``"OutputMode.All"`` strings (JSON-friendly)."""
+        return {k: _to_plain(v) for k, v in sorted(self._values.items())}
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self._values.items() if v != _DEFAULTS.get(k)}
+        body = ", ".join(f"{k}={_to_plain(v)!r}" for k, v in sorted(changed.items()))
+        return f"Options({body})"
+
+    # --- batching ------------------------------------------------------------------------------
+
+    def deviceIterations(self, device_iterations: int):  # noqa: N802
+        """N device-loop iterations per call; inputs carry N times more micro-batches (P21)."""
+        return self._set("deviceIterations", _positive("deviceIterations", device_iterations))
+
+    @property
+    def device_iterations(self) -> int:
+        return self._values["deviceIterations"]
+
+    def replicationFactor(self, replication_factor: int):  # noqa: N802
+        """R data-parallel replicas (P22). Only 1 runs until issue #5 builds replication."""
+        _positive("replicationFactor", replication_factor)
+        if replication_factor != 1:
+            raise Error(
+                f"Options.replicationFactor({replication_factor}): replicated execution is not "
+                f"built yet (issue #{REPLICATION_ISSUE} adds it). Use replicationFactor(1); "
+                f"deviceIterations or Training.gradientAccumulation give larger batches per call.")
+        return self._set("replicationFactor", replication_factor)
+
+    @property
+    def replication_factor(self) -> int:
+        return self._values["replicationFactor"]
+
+    def inputReplicaGrouping(self, input_group_size: int, input_group_type):  # noqa: N802
+        _positive("inputReplicaGrouping", input_group_size)
+        if input_group_type is CommGroupType.All:
+            raise ValueError("Options.inputReplicaGrouping: CommGroupType.All is not valid for "
+                             "inputs; use Consecutive, Orthogonal or NoGrouping.")
+        if self.replication_factor % input_group_size:
+            raise ValueError(f"Options.inputReplicaGrouping: group size {input_group_size} does "
+                             f"not divide replicationFactor {self.replication_factor}.")
+        return self._set("inputReplicaGrouping", (input_group_size, input_group_type))
+
+    def outputMode(self, output_mode, output_return_period=None):  # noqa: N802
+        """Which micro-batches' outputs come back (P25, spec §2.4)."""
+        if not isinstance(output_mode, OutputMode):
+            raise TypeError(f"Options.outputMode: expected an OutputMode, got {output_mode!r}.")
+        period = 1
+        if output_mode is OutputMode.EveryN:
+            if not isinstance(output_return_period, int) or output_return_period < 1:
+                raise ValueError(f"Options.outputMode(EveryN): output_return_period must be an "
+                                 f"int > 0, got {output_return_period!r}.")
+            period = output_return_period
+        elif output_return_period is not None:
+            _log.info("outputMode(%s): output_return_period %s ignored (EveryN only).",
+                      output_mode.name, output_return_period)
+        self._set("outputMode", output_mode)
+        return self._set("outputReturnPeriod", period)
+
+    def anchorMode(self, anchor_mode, anchor_return_period=None):  # noqa: N802
+        warnings.warn("Options.anchorMode is deprecated; use Options.outputMode.",
+                      DeprecationWarning, stacklevel=2)
+        return self.outputMode(anchor_mode, anchor_return_period)
+
+    @property
+    def output_mode(self) -> OutputMode:
+        return self._values["outputMode"]
+
+    @property
+    def output_return_period(self) -> int:
+        return self._values["outputReturnPeriod"]
+
+    def anchorTensor(self, short_name: str, long_name: str, output_mode=None,  # noqa: N802
+                     output_return_period: int = 1):
+        _check_type("anchorTensor", short_name, str)
+        _check_type("anchorTensor", long_name, str)
+        anchored = dict(self._values["anchoredTensors"])
+        anchored[short_name] = (long_name, output_mode, output_return_period)
+        return self._set("anchoredTensors", anchored)
+
+    # --- device, seed, caching -----------------------------------------------------------------
+
+    def randomSeed(self, random_seed: int):  # noqa: N802
+        """Seed the device RNG; also seeds host torch (P29)."""
+        _check_type("randomSeed", random_seed, int)
+        torch.manual_seed(random_seed)
+        return self._set("randomSeed", random_seed)
+
+    @property
+    def random_seed(self):
+        return self._values["randomSeed"]
+
+    def enableExecutableCaching(self, path):  # noqa: N802
+        if path is not None:
+            _check_type("enableExecutableCaching", path, str)
+        return self._set("executableCachePath", path)
+
+    def useIpuModel(self, use_model: bool):  # noqa: N802
+        return self._set("useIpuModel", _check_type("useIpuModel", use_model, bool))
+
+    def useIpuId(self, ipu_id: int):  # noqa: N802
+        _check_type("useIpuId", ipu_id, int)
+        return self._set("ipuId", ipu_id)
+
+    def useOfflineIpuTarget(self, ipu_version: int = 2):  # noqa: N802
+        _check_type("useOfflineIpuTarget", ipu_version, int)
+        self._set("offlineIpuVersion", ipu_version)
+        return self._set("connectionType", ConnectionType.Never)
+
+    def connectionType(self, connection_type):  # noqa: N802
+        return self._set("connectionType",
+                         _check_type("connectionType", connection_type, ConnectionType))
+
+    def syncPattern(self, sync_pattern):  # noqa: N802
+        return self._set("syncPattern", _check_type("syncPattern", sync_pattern, SyncPattern))
+
+    def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True):  # noqa: N802
+        return self._set("autoRoundNumIPUs",
+                         _check_type("autoRoundNumIPUs", auto_round_num_ipus, bool))
+
+    def setExecutionStrategy(self, strategy):  # noqa: N802
+        from .blocks import ExecutionStrategy
+
+        if not isinstance(strategy, ExecutionStrategy):
+            raise TypeError(f"Options.setExecutionStrategy: expected an execution strategy "
+                            f"(PipelinedExecution, ShardedExecution, ...), got "
+                            f"{type(strategy).__name__}.")
+        return self._set("executionStrategy", strategy)
+
+    # --- misc ----------------------------------------------------------------------------------
+
+    def setAvailableMemoryProportion(self, available_memory_proportion: dict):  # noqa: N802
+        _check_type("setAvailableMemoryProportion", available_memory_proportion, dict)
+        for key, value in available_memory_proportion.items():
+            if not str(key).startswith("IPU"):
+                raise ValueError(f"Options.setAvailableMemoryProportion: keys look like 'IPU0', "
+                                 f"got {key!r}.")
+            if not 0.0 <= float(value) <= 1.0:
+                raise ValueError(f"Options.setAvailableMemoryProportion: {key} = {value} is "
+                                 f"outside [0, 1].")
+        return self._set("availableMemoryProportion", dict(available_memory_proportion))
+
+    def broadcastBuffers(self, broadcast_buffers: bool = True):  # noqa: N802
+        return self._set("broadcastBuffers",
+                         _check_type("broadcastBuffers", broadcast_buffers, bool))
+
+    def logDir(self, log_dir: str):  # noqa: N802
+        return self._set("logDir", _check_type("logDir", log_dir, str))
+
+    def maxRepeatLogs(self, number_repeated: int | None):  # noqa: N802
+        if number_repeated is not None:
+            _check_type("maxRepeatLogs", number_repeated, int)
+        return self._set("maxRepeatLogs", number_repeated)
+
+    def modelName(self, name: str):  # noqa: N802
+        return self._set("modelName", _check_type("modelName", name, str))
+
+    def enableProfiling(self, profile_dir: str | None = None):  # noqa: N802
+        return self._set("profilingDir", profile_dir or ".")
+
+    def logCycleCount(self, log_cycle_count: bool):  # noqa: N802
+        return self._set("logCycleCount", _check_type("logCycleCount", log_cycle_count, bool))
+
+    def showCompilationProgressBar(self, show: bool = True):  # noqa: N802
+        return self._set("showCompilationProgressBar",
+                         _check_type("showCompilationProgressBar", show, bool))
+
+    def enableStableNorm(self, enabled: bool):  # noqa: N802
+        return self._set("enableStableNorm", _check_type("enableStableNorm", enabled, bool))
+
+    def enableSyntheticData(self, enabled: bool):  # noqa: N802
+        return self._set("enableSyntheticData", _check_type("enableSyntheticData", enabled, bool))
+
+    def disableModuleNamescope(self):  # noqa: N802
+        return self._set("moduleNamescope", False)
+
+    def updatableNamedBuffers(self, buffers: list):  # noqa: N802
+        _check_type("updatableNamedBuffers", buffers, (list, tuple))
+        return self._set("updatableNamedBuffers", list(buffers))
+
+    def relaxOptimizerAttributesChecks(self, relax: bool = True):  # noqa: N802
+        return self._set("relaxOptimizerAttributesChecks",
+                         _check_type("relaxOptimizerAttributesChecks", relax, bool))
+
+    def sourceLocationExcludes(self, excludes: list):  # noqa: N802
+        _check_type("sourceLocationExcludes", excludes, (list, tuple))
+        return self._set("sourceLocationExcludes", list(excludes))
+
+    def appendToLocationExcludes(self, *excludes: str):  # noqa: N802
+        return self._set("sourceLocationExcludes",
+                         self._values["sourceLocationExcludes"] + list(excludes))
+
+    def setLogLevel(self, level):  # noqa: N802
+        """OFF, ERR, WARN, INFO, DEBUG, TRACE or TRACE_ALL (or a logging level int)."""
+        if isinstance(level, str):
+            if level.upper() not in _LOG_LEVELS:
+                raise ValueError(f"Options.setLogLevel: unknown level {level!r}; expected one of "
+                                 f"{sorted(_LOG_LEVELS)}.")
+            level = _LOG_LEVELS[level.upper()]
+        _check_type("setLogLevel", level, int)
+        logging.getLogger("poptorch_lite").setLevel(level)
+        return self
+
+    # --- files and JSON ------------------------------------------------------------------------
+
+    def loadFromFile(self, filepath: str):  # noqa: N802
+        """Apply one setter per line (``deviceIterations(4)``); ``#`` starts a comment."""
+        with open(filepath) as f:
+            lines = f.read().splitlines()
+        for number, raw in enumerate(lines, start=1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            try:
+                _apply_call(self, line)
+            except Exception as exc:  # any failure of that line is reported with its position
+                raise ConfigFileError(
+                    f"{type(exc).__name__} in {filepath}:{number}: {exc}\n    {raw.strip()}"
+                ) from exc
+        return self
+
+    def from_json(self, string: str):
+        """Apply ``{"deviceIterations": 4, "outputMode": "OutputMode.All", ...}``."""
+        values = json.loads(string)
+        if not isinstance(values, dict):
+            raise ValueError("Options.from_json: expected a JSON object of option values.")
+        for key, value in values.items():
+            if key not in _DEFAULTS:
+                raise AttributeError(f"Options.from_json: unknown option {key!r}.")
+            self._set(key, _from_plain(value))
+        return self
+
+    # --- translation to the backend --------------------------------------------------------------
+
+    def resolved_output_mode(self, training: bool) -> OutputMode:
+        mode = self.output_mode
+        if mode is OutputMode.Default:
+            return OutputMode.Final if training else OutputMode.All
+        return mode
+
+    def to_backend(self, training: bool) -> popart.SessionOptions:
+        """The SessionOptions this configuration compiles with (unknown _Popart keys raise)."""
+        opts = popart.SessionOptions()
+        # The wrapper reads and writes weights by name, so they must stay variables.
+        opts.constantWeights = False
+        accumulation = self._values["Training.gradientAccumulation"]
+        if accumulation > 1:
+            opts.enableGradientAccumulation = True
+            opts.accumulationFactor = accumulation
+        if training:
+            opts.accumulationAndReplicationReductionType = popart.ReductionType[
+                self._values["Training.accumulationAndReplicationReductionType"].name]
+            opts.meanAccumulationAndReplicationReductionStrategy = popart.MeanReductionStrategy[
+                self._values["Training.meanAccumulationAndReplicationReductionStrategy"].name]
+        if self._values["enableSyntheticData"]:
+            opts.syntheticDataMode = popart.SyntheticDataMode.RandomNormal
+        for key, value in self._values["_Popart.options"].items():
+            if not hasattr(opts, key):
+                raise Error(f"Options._Popart.set({key!r}, ...): popart_backend.SessionOptions "
+                            f"has no option {key!r}; check the spelling.")
+            setattr(opts, key, value)
+        return opts
+
+
+def _to_plain(value):
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    if isinstance(value, tuple):
+        return [_to_plain(v) for v in value]
+    if isinstance(value, list):
+        return [_to_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_plain(v) for k, v in value.items()}
+    if hasattr(value, "__dict__") and not isinstance(value, (int, float, str)):
+        return repr(value)
+    return value
+
+
+def _from_plain(value):
+    if isinstance(value, str) and "." in value:
+        cls_name, _, member = value.partition(".")
+        if cls_name in _ENUMS:
+            return _ENUMS[cls_name][member]
+    if isinstance(value, list):
+        return [_from_plain(v) for v in value]
+    return value
+
+
+def _apply_call(options: Options, line: str) -> None:
+    """Run one ``Group.setter(args)`` line against ``options`` with literal-only arguments."""
+    tree = ast.parse(line, mode="eval").body
+    if not isinstance(tree, ast.Call):
+        raise SyntaxError("expected a setter call such as deviceIterations(4)")
+    path = []
+    func = tree.func
+    while isinstance(func, ast.Attribute):
+        path.append(func.attr)
+        func = func.value
+    if not isinstance(func, ast.Name):
+        raise SyntaxError("expected a setter call such as deviceIterations(4)")
+    path.append(func.id)
+    path.reverse()
+    if path[0] in ("poptorch", "poptorch_lite", "options", "opts"):
+        path = path[1:]
+    target = options
+    for name in path:
+        if name.startswith("__"):
+            raise AttributeError(f"invalid option name {name!r}")
+        target = getattr(target, name)
+    args = [_literal(a) for a in tree.args]
+    kwargs = {k.arg: _literal(k.value) for k in tree.keywords}
+    target(*args, **kwargs)
+
+
+def _literal(node):
+    """A literal, an enum member (``OutputMode.All``) or ``torch.float``/``torch.half``."""
+    if isinstance(node, ast.Attribute):
+        owner = node.value
+        if isinstance(owner, ast.Attribute):
+            owner = ast.Name(id=owner.attr)
+        if isinstance(owner, ast.Name):
+            if owner.id in _ENUMS:
+                return _ENUMS[owner.id][node.attr]
+            if owner.id == "torch" and node.attr in ("float", "float32", "half", "float16"):
+                return getattr(torch, node.attr)
+        raise ValueError(f"unsupported value {ast.unparse(node)}")
+    return ast.literal_eval(node)
