@@ -120,6 +120,9 @@ class PoplarExecutor:
         return "\n".join(lines)
 
     def state_dict(self, *args, **kwargs):
+        """The user model's state dict; a training wrapper pulls device weights first."""
+        if self._training and self.isCompiled() and self._attached:
+            self.copyWeightsToHost()
         return self._user_model.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict, strict: bool = True):
@@ -301,9 +304,14 @@ class PoplarExecutor:
         return session
 
     def _build_training_session(self, traced, data_flow, device, session_options):
-        raise Error("Training wrappers need popart_backend.TrainingSession support in "
-                    "poptorch_lite, which is not built yet (issue #4, second part). Use "
-                    "inferenceModel() for now.")
+        from .optim import to_backend_optimizer
+
+        loss_id = find_loss(traced)
+        fqn_to_onnx = {fqn: name for name, fqn in traced.param_map.items()}
+        optimizer = to_backend_optimizer(self._optimizer, self._user_model, fqn_to_onnx)
+        return popart.TrainingSession(traced.proto, data_flow, loss_id, optimizer, device,
+                                      userOptions=session_options,
+                                      name=self._options._values["modelName"] or "training")
 
     @staticmethod
     def _device_weight_map(session, traced: tracing.TracedModel) -> dict[str, str]:
@@ -488,6 +496,28 @@ def _diff(old: tracing.InputSignature, new: tracing.InputSignature) -> str:
         if a.describe() != b.describe():
             parts.append(f"input {a.path}: compiled with {a.describe()}, got {b.describe()}")
     return "; ".join(parts) or "input signature changed"
+
+
+def find_loss(traced: tracing.TracedModel) -> str:
+    """The one final loss among forward's outputs (P57): an IdentityLoss output, else the only
+    0-d float output."""
+    producers = {out: node for node in traced.proto.graph.node for out in node.output}
+    outputs = list(dict.fromkeys(traced.output_names))
+    marked = [o for o in outputs if o in producers and producers[o].op_type == "IdentityLoss"]
+    if len(marked) == 1:
+        return marked[0]
+    shapes = {o.name: o.type.tensor_type for o in traced.proto.graph.output}
+    scalars = [o for o in outputs if shapes[o].HasField("shape") and not shapes[o].shape.dim
+               and shapes[o].elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
+    candidates = marked or scalars
+    if len(candidates) == 1:
+        return candidates[0]
+    if not candidates:
+        raise Error("no loss found in the traced graph; return a torch loss or wrap your "
+                    "expression in poptorch_lite.identity_loss (the loss must be among "
+                    "forward's returned values).")
+    raise Error(f"{len(candidates)} independent losses ({', '.join(candidates)}); combine them "
+                f"and wrap the sum in poptorch_lite.identity_loss.")
 
 
 def backend_error(exc: Exception, traced: tracing.TracedModel) -> Error:

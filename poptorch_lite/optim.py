@@ -109,3 +109,47 @@ class RMSprop(torch.optim.RMSprop):
             "accum_type": accum_type,
             "first_order_momentum_accum_type": first_order_momentum_accum_type,
             "second_order_momentum_accum_type": second_order_momentum_accum_type})
+
+
+def to_backend_optimizer(optimizer, model: torch.nn.Module, fqn_to_onnx: dict[str, str]):
+    """The ``popart_backend`` optimizer equivalent to a torch/lite optimizer.
+
+    Group 0 gives the defaults; parameters of other groups get weight-specific values.
+    ``lr`` is always variable (changeable by setOptimizer); other values are constant unless
+    marked variable.
+    """
+    import popart_backend as popart
+
+    from .errors import Error
+
+    if not isinstance(optimizer, torch.optim.SGD):
+        raise Error(f"{type(optimizer).__name__} is not supported by training wrappers yet "
+                    f"(issue #4, second part); use torch.optim.SGD or poptorch_lite.optim.SGD.")
+    names = {id(p): fqn for fqn, p in model.named_parameters()}
+    variable = getattr(optimizer, "variable_attrs", None)
+
+    def values(group, prefix):
+        def entry(key, value):
+            const = key != "lr" and (variable is None or variable.isConstant(key))
+            return (float(value), const)
+
+        return {
+            f"{prefix}LearningRate": entry("lr", group["lr"]),
+            f"{prefix}Momentum": entry("momentum", group["momentum"]),
+            f"{prefix}Dampening": entry("dampening", group["dampening"]),
+            f"{prefix}WeightDecay": entry("weight_decay", group["weight_decay"]),
+            f"{prefix}Nesterov": (1.0 if group["nesterov"] else 0.0, True),
+        }
+
+    groups = optimizer.param_groups
+    params = values(groups[0], "default")
+    params["lossScaling"] = (getattr(optimizer, "loss_scaling", 1.0), True)
+    backend = popart.SGD(params)
+    for group in groups[1:]:
+        specific = {k.replace("default", "", 1)[0].lower() + k.replace("default", "", 1)[1:]: v
+                    for k, v in values(group, "default").items()}
+        for param in group["params"]:
+            fqn = names.get(id(param))
+            if fqn in fqn_to_onnx:
+                backend.insertSpecific(fqn_to_onnx[fqn], specific)
+    return backend
