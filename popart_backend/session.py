@@ -1,11 +1,12 @@
 """Sessions: import a model, compile it for the simulated device, run it with step IO (§2.1, §4).
 
 ``InferenceSession`` runs the forward graph; ``TrainingSession`` adds the backward pass, gradient
-accumulation and the optimizer (docs/training.md) and updates the weights on the device. Construction imports the model, checks options and
-anchors and runs the inference passes; ``prepareDevice()`` lowers the Ir to a Program and
-compiles it (execution plan, anchor write tables); ``run(stepio)`` executes one step of
-``batchesPerStep`` batches. Weights keep a host copy (``writeWeights`` / ``readWeights``) and a
-device copy (``weightsFromHost`` / ``weightsToHost``), as in PopART.
+accumulation and the optimizer (docs/training.md) and updates the weights on the device.
+Construction imports the model, checks options and anchors and runs the session's passes;
+``prepareDevice()`` compiles the lowered Program (execution plan, anchor write tables);
+``run(stepio)`` executes one step of ``batchesPerStep`` batches (training: weight updates).
+Variables keep a host copy (``writeWeights`` / ``readWeights``) and a device copy
+(``weightsFromHost`` / ``weightsToHost``), as in PopART.
 """
 
 from __future__ import annotations

@@ -39,6 +39,15 @@ class IpuSpec:
     ipu_sync_latency_cycles: int  # one sync across IPUs (IPU-Link barrier)
     streaming_memory_bytes: int  # off-chip streaming memory available to one IPU
     full_chip_tiles: int  # tile count of the physical chip, before any tilesPerIPU override
+    # --- facts read by the memory model (device/memory.py) and cost model (device/cost.py) ---
+    sram_bytes_per_s: float  # aggregate tile-SRAM bandwidth, whole IPU
+    # FLOP/s of the vector units (ops that do not use the AMP units), whole IPU.
+    vector_flops_f32: float
+    vector_flops_f16: float
+    amp_efficiency: float  # fraction of the AMP peak a well-shaped MatMul/Conv reaches
+    tile_grain_bytes: int  # smallest piece of a tensor the linear tile mapping puts on one tile
+    tile_code_base_bytes: int  # per tile: runtime, control program and exchange code
+    vertex_bytes_per_op_tile: int  # per tile, per op with work there: vertex state and code
 
     @property
     def memory_bytes(self) -> int:
@@ -48,6 +57,10 @@ class IpuSpec:
     def peak_flops(self, dtype_short: str) -> float:
         """Peak FLOP/s for ``"f32"`` or ``"f16"`` arithmetic (other dtypes run at the f32 rate)."""
         return self.peak_flops_f16 if dtype_short == "f16" else self.peak_flops_f32
+
+    def vector_flops(self, dtype_short: str) -> float:
+        """FLOP/s of the vector units, for ops that do not run on the AMP units."""
+        return self.vector_flops_f16 if dtype_short == "f16" else self.vector_flops_f32
 
     @classmethod
     def versions(cls) -> tuple[str, ...]:
@@ -80,6 +93,9 @@ class IpuSpec:
             peak_flops_f32=full.peak_flops_f32 * share,
             peak_flops_f16=full.peak_flops_f16 * share,
             exchange_bytes_per_s=full.exchange_bytes_per_s * share,
+            sram_bytes_per_s=full.sram_bytes_per_s * share,
+            vector_flops_f32=full.vector_flops_f32 * share,
+            vector_flops_f16=full.vector_flops_f16 * share,
         )
 
 
@@ -88,6 +104,26 @@ class IpuSpec:
 # BSP syncs); both are only used for timing estimates.
 _ON_CHIP_SYNC_CYCLES = 150
 _IPU_SYNC_CYCLES = 1500
+
+# Model facts no datasheet gives; all estimates, shared by every IPU version (device/memory.py
+# and device/cost.py explain how they are used):
+# - vector units: 64-bit SIMD per tile, so 2 f32 or 4 f16 lanes; a multiply-add counts 2 FLOPs,
+#   giving 4 (f32) or 8 (f16) FLOPs per tile per cycle (``_vector_flops``).
+# - AMP efficiency: large matrix products reach about half the AMP peak in published
+#   benchmarks (data rearrangement, partial sums and exchange take the rest).
+# - tile grain: 64 bytes keeps each tile's piece aligned for the 64-bit loads and exchange.
+# - code: a fixed 8 KiB per tile for the runtime, control program and exchange code, plus
+#   128 bytes per op on each tile where it has work (vertex state, its share of the codelets).
+_MODEL_FACTS = dict(
+    amp_efficiency=0.5,
+    tile_grain_bytes=64,
+    tile_code_base_bytes=8 * KIB,
+    vertex_bytes_per_op_tile=128,
+)
+
+
+def _vector_flops(tiles: int, clock_hz: float) -> dict[str, float]:
+    return dict(vector_flops_f32=tiles * clock_hz * 4, vector_flops_f16=tiles * clock_hz * 8)
 
 _SPECS: dict[str, IpuSpec] = {
     # Mk1, Colossus GC2.
@@ -107,6 +143,9 @@ _SPECS: dict[str, IpuSpec] = {
         ipu_sync_latency_cycles=_IPU_SYNC_CYCLES,
         streaming_memory_bytes=64 * 2**30,  # unsure: remote buffers lived in host memory
         full_chip_tiles=1216,
+        sram_bytes_per_s=45e12,  # Jia et al.: ~45 TB/s aggregate
+        **_vector_flops(1216, 1.6e9),
+        **_MODEL_FACTS,
     ),
     # Mk2, Colossus GC200 (IPU-M2000).
     "ipu2": IpuSpec(
@@ -124,6 +163,9 @@ _SPECS: dict[str, IpuSpec] = {
         ipu_sync_latency_cycles=_IPU_SYNC_CYCLES,
         streaming_memory_bytes=448 * GB // 4,  # unsure: up to 448 GB per 4-IPU M2000
         full_chip_tiles=1472,
+        sram_bytes_per_s=47.5e12,  # GC200 spec
+        **_vector_flops(1472, 1.33e9),
+        **_MODEL_FACTS,
     ),
     # Bow IPU (Bow-2000): the GC200 die at a higher clock; per-IPU rates scale with the clock.
     "ipu21": IpuSpec(
@@ -141,6 +183,9 @@ _SPECS: dict[str, IpuSpec] = {
         ipu_sync_latency_cycles=_IPU_SYNC_CYCLES,
         streaming_memory_bytes=256 * GB // 4,  # Bow-2000: 256 GB per 4 IPUs
         full_chip_tiles=1472,
+        sram_bytes_per_s=47.5e12 * 1.85 / 1.33,  # unsure: Mk2 figure scaled by the clock
+        **_vector_flops(1472, 1.85e9),
+        **_MODEL_FACTS,
     ),
     # Poplar's CPU target: one tile and no memory limit. Rates are the ipu2's so that cycle
     # estimates read as "on one ipu2"; the huge tile means the memory check never fails.
@@ -159,5 +204,8 @@ _SPECS: dict[str, IpuSpec] = {
         ipu_sync_latency_cycles=_IPU_SYNC_CYCLES,
         streaming_memory_bytes=0,
         full_chip_tiles=1,
+        sram_bytes_per_s=47.5e12,
+        **_vector_flops(1472, 1.33e9),
+        **_MODEL_FACTS,
     ),
 }

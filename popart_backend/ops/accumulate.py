@@ -40,10 +40,10 @@ class Accumulate(Op):
                 f"{self.debug_name}: accumulation_type '{kind}' is not one of "
                 f"{list(ACCUMULATION_TYPES)}."
             )
-        if update.dtype != accum.dtype or update.shape != accum.shape:
+        if update.shape != accum.shape or not (update.dtype.is_float and accum.dtype.is_float):
             raise ShapeError(
-                f"{self.debug_name}: the update {update} must have the accumulator's type and "
-                f"shape {accum}."
+                f"{self.debug_name}: the update {update} must have the accumulator's shape "
+                f"{accum}, both floating point."
             )
         if (kind == "Mean") != (count is not None):
             raise ShapeError(
@@ -58,8 +58,10 @@ class Accumulate(Op):
         return accum
 
     def kernel(self, accum, update, count=None):
+        # The accumulator may be narrower than the gradient (accumType): add_ rounds into it.
         if count is None:
             return accum.add_(update)
+        update = update.to(accum.dtype)
         # lerp_ is accum + w·(update − accum) in one pass, without temporaries of accum's size.
         return accum.lerp_(update, (count + 1.0).reciprocal().to(accum.dtype))
 

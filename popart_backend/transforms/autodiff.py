@@ -87,6 +87,12 @@ class GradBuilder:
             )
         self.input_grads[index] = grad_id
 
+    def differentiate(self, graph: Graph, seeds: dict[str, str], wrt: Sequence[str]
+                      ) -> dict[str, str]:
+        """The backward of a subgraph (a body of If/Call), grown into ``graph`` by a nested
+        autodiff; see ``Autodiff.differentiate``."""
+        return Autodiff(None).differentiate(graph, seeds, wrt)
+
     # op creation
     def op(self, op_type: str, *inputs: str | None, domain: str = AI_ONNX, num_outputs: int = 1,
            version: int | None = None, **attrs) -> str | list[str]:
@@ -156,8 +162,40 @@ class Autodiff:
             graph.add_const(seed_id, np.asarray(value, tensor.info.dtype.numpy).reshape(tensor.info.shape))
             grads[tid] = [seed_id]
 
+        self._backprop(order, grads, reaches_loss, self.loss_id or sorted(seeds))
+
+        changed = False
+        for tensor in list(graph.tensors.values()):
+            if tensor.kind is TensorKind.VARIABLE and tensor.id in grads:
+                self.variable_grads[tensor.id] = self._named_total(grads, tensor)
+                changed = True
+        _log.debug("autodiff: gradients for %d variables", len(self.variable_grads))
+        return changed
+
+    def differentiate(self, graph: Graph, seeds: dict[str, str], wrt: Sequence[str]
+                      ) -> dict[str, str]:
+        """Grow the backward of a subgraph into it (If/Call gradient bodies): ``seeds`` maps
+        forward tensor ids to the tensors holding their gradients; returns {wrt id: gradient
+        id} for the tensors of ``wrt`` the seeds reach."""
+        self.graph = graph
+        order = graph.topo_order()
+        self.requires_grad = set(wrt)
+        for op in order:
+            if any(t is not None and t.id in self.requires_grad for t in op.inputs):
+                self.requires_grad.update(
+                    t.id for t in op.outputs if t is not None and t.info.dtype.is_float)
+        reaches: set[int] = set()
+        for tid in seeds:
+            reaches |= self._backward_reaches(graph.tensor(tid))
+        grads = {tid: [seed] for tid, seed in seeds.items()}
+        self._backprop(order, grads, reaches, sorted(seeds))
+        return {w: self._total(grads, graph.tensor(w)) for w in wrt if w in grads}
+
+    def _backprop(self, order: list[Op], grads: dict[str, list[str]], reaches: set[int],
+                  start) -> None:
+        """Call grad() of every op on a path from the seeds, in reverse order."""
         for op in reversed(order):
-            if op.id not in reaches_loss:
+            if op.id not in reaches:
                 continue
             if not any(t is not None and t.id in self.requires_grad for t in op.inputs):
                 continue
@@ -171,21 +209,13 @@ class Autodiff:
                 wanted = [t.id for t in op.inputs if t is not None and t.id in self.requires_grad]
                 raise popart_exception(
                     f"{op.debug_name} has no gradient, but the backward pass from "
-                    f"{self.loss_id or sorted(seeds)!r} needs one for its input(s) {wanted}. "
+                    f"{start!r} needs one for its input(s) {wanted}. "
                     f"Detach the path (aiGraphcore.detach) or use an op with a gradient."
                 )
             builder = GradBuilder(self, op, out_grads)
             op.grad(builder)
             for index, grad_id in builder.input_grads.items():
                 grads.setdefault(op.inputs[index].id, []).append(grad_id)
-
-        changed = False
-        for tensor in list(graph.tensors.values()):
-            if tensor.kind is TensorKind.VARIABLE and tensor.id in grads:
-                self.variable_grads[tensor.id] = self._named_total(grads, tensor)
-                changed = True
-        _log.debug("autodiff: gradients for %d variables", len(self.variable_grads))
-        return changed
 
     # --- helpers -----------------------------------------------------------------------------
 

@@ -6,8 +6,8 @@ Two passes, around the optimizer pass:
 - ``AccumulateGradients`` (before the optimizer) adds, per weight w with gradient
   ``Gradient___w``, a zero-initialised variable ``Accum___w`` (role ACCUMULATOR) and an in-place
   ``Accumulate`` op run every micro-batch. It then says which tensor the optimizer reads as w's
-  gradient (``weight_grads``) and with which extra factor (``grad_scale``), and that the
-  optimizer runs in the ``AccumulateOuterFragment`` (once per weight update).
+  gradient (``weight_grads``) and that the optimizer runs in the ``AccumulateOuterFragment``
+  (once per weight update); ``reduction_factors`` gives the optimizer's extra gradient factor.
 - ``ResetAccumulators`` (after the optimizer) zeroes every accumulator in the outer fragment,
   after the optimizer has read it.
 
@@ -21,12 +21,15 @@ Two passes, around the optimizer pass:
   ``reduction_factors``) and an in-place ``AccumulatorScale`` divides the sum by af before the
   optimizer reads it.
 
-Before (af = 4, Sum):                       After:
-  Gradient___w = ...                          Gradient___w = ...
-  UpdatedVar___w = SGDUpdate(w, Gradient___w)   Accum___w/accumulated = Accumulate(Accum___w, Gradient___w)
-                                              # outer fragment, once per 4 micro-batches:
-                                              UpdatedVar___w = SGDUpdate(w, Accum___w)
-                                              Accum___w/reset = AccumulatorScale(Accum___w, factor=0)
+Before (af = 4, Sum):
+  Gradient___w = ...
+  UpdatedVar___w = SGDUpdate(w, Gradient___w)
+After:
+  Gradient___w = ...
+  Accum___w/accumulated = Accumulate(Accum___w, Gradient___w)
+  # outer fragment, once per 4 micro-batches:
+  UpdatedVar___w = SGDUpdate(w, Accum___w)
+  Accum___w/reset = AccumulatorScale(Accum___w, factor=0)
 """
 
 from __future__ import annotations
@@ -86,13 +89,16 @@ class AccumulateGradients:
     name = "accumulate_gradients"
 
     def __init__(self, gradients, accumulation_factor: int, reduction: ReductionType,
-                 strategy: MeanReductionStrategy):
+                 strategy: MeanReductionStrategy, accumulator_dtype=None):
+        """``accumulator_dtype(weight DataType) -> DataType`` picks each accumulator's type (the
+        optimizer's ``accumType``); default: the gradient's type."""
         if accumulation_factor < 1:
             raise popart_exception(
                 f"accumulationFactor = {accumulation_factor}: gradient accumulation needs a "
                 f"factor >= 1 micro-batches per weight update."
             )
         self._gradients = gradients
+        self._accumulator_dtype = accumulator_dtype
         self.accumulation_factor = accumulation_factor
         self.mean = reduction is ReductionType.Mean
         self.strategy = strategy
@@ -118,7 +124,10 @@ class AccumulateGradients:
                     f"Cannot create accumulator '{ACCUM_PREFIX + weight_id}' for weight "
                     f"'{weight_id}': the model already has a tensor of that name; rename it."
                 )
-            self._variable(graph, accum_id, np.zeros(grad.info.shape, grad.info.dtype.numpy),
+            dtype = grad.info.dtype
+            if self._accumulator_dtype is not None:
+                dtype = self._accumulator_dtype(graph.tensor(weight_id).info.dtype)
+            self._variable(graph, accum_id, np.zeros(grad.info.shape, dtype.numpy),
                            TensorRole.ACCUMULATOR)
             inputs = [accum_id, grad_id] + ([COUNTER_ID] if running else [])
             self._add(graph, "Accumulate", inputs, f"{accum_id}/accumulated",

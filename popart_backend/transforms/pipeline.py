@@ -45,6 +45,8 @@ def inference_passes(options=None) -> list:
         FuseGelu(),
         FuseLayerNorm(),
         FuseAttention(),
+        # Random ops (RandomNormal, Bernoulli ...) read the session seed in inference too.
+        WireRandomSeed(),
     ]
 
 
@@ -70,7 +72,8 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     if options.enableGradientAccumulation:
         accumulation = AccumulateGradients(
             grads, accumulation_factor, options.accumulationAndReplicationReductionType,
-            options.meanAccumulationAndReplicationReductionStrategy)
+            options.meanAccumulationAndReplicationReductionStrategy,
+            optimizer.accumulator_dtype)
         passes.append(accumulation)
         grads = lambda: accumulation.weight_grads  # noqa: E731
         context = accumulation.context
@@ -94,10 +97,11 @@ class SeedLossScaling:
     """Pass: multiply the loss gradient by the optimizer's non-const ``lossScaling_FLOAT``
     variable, so ``updateOptimizerFromHost`` can change loss scaling without recompiling.
 
-    Before:  Gradient___loss = <const 1>            After:  Gradient___loss/seed = <const 1>
-             dx = LossGrad(Gradient___loss, x)              Gradient___loss/scaled = Mul(
-                                                                Gradient___loss/seed, lossScaling_FLOAT)
-                                                            dx = LossGrad(Gradient___loss/scaled, x)
+    Before:  Gradient___loss = <const 1>
+             dx = LossGrad(Gradient___loss, x)
+    After:   Gradient___loss/seed = <const 1>
+             Gradient___loss/scaled = Mul(Gradient___loss/seed, lossScaling_FLOAT)
+             dx = LossGrad(Gradient___loss/scaled, x)
     """
 
     name = "seed_loss_scaling"

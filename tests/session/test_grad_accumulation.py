@@ -134,3 +134,14 @@ def test_input_layout_is_bps_af_mb_F75():
     # The first micro-batch ran with the initial weights.
     h = np.maximum(x[0, 0] @ params["w1"] + params["b1"], 0)
     np.testing.assert_allclose(y[0, 0], h @ params["w2"] + params["b2"], rtol=1e-5, atol=1e-6)
+
+
+def test_accum_type_sets_the_accumulator_dtype_F73():
+    params, x = mlp_params(9), inputs(2, af=2, seed=29)
+    optimizer = popart.SGD({"defaultLearningRate": (0.05, True)},
+                           accumType=popart.DataType.FLOAT16)
+    session = training_session(params, optimizer, bps=2, af=2)
+    assert session.getIr().main.tensors["Accum___w1"].info.dtype is popart.DataType.FLOAT16
+    run(session, x)
+    want = torch_train(params, x, sgd(), af=2)
+    assert_params_close(read_weights(session), want, rtol=2e-3, atol=2e-3)
