@@ -754,18 +754,17 @@ _TRAINING = pending(3, "training")
 _NO_OUTLINING = no_effect("the simulator does not outline; code size is a fixed estimate")
 _SCHEDULER_SEARCH = no_effect("tunes the scheduler's search budget, not the schedule's meaning")
 _INFERENCE_ONLY_GRADS = "inference has no gradients"
-_DOT = pending(6, "DOT graph dumps")
 
 # Issues: #3 training/optimizer/accumulation, #5 pipelining/virtual graphs/replication/
 # recomputation/sync, #6 memory and cycle model/IO tiles/tensor locations/profiling/DOT and IR
 # dumps, #7 op coverage and strictness edge cases, #8 custom codelets.
 OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "logDir": BUILT,
-    "dotChecks": _DOT,
-    "firstDotOp": _DOT,
-    "finalDotOp": _DOT,
-    "dotOpNames": _DOT,
-    "separateCallOpPdfs": _DOT,
+    "dotChecks": BUILT,
+    "firstDotOp": BUILT,
+    "finalDotOp": BUILT,
+    "dotOpNames": BUILT,
+    "separateCallOpPdfs": BUILT,
     "exportPoplarComputationGraph": no_effect("there is no Poplar graph to export"),
     "exportPoplarVertexGraph": no_effect("there is no Poplar vertex graph to export"),
     "enableOutlining": _NO_OUTLINING,
@@ -786,8 +785,9 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
         no_effect(_INFERENCE_ONLY_GRADS), pending(3, "decomposed grad sums")
     ),
     "aliasZeroCopy": pending(6, "zero-copy aliasing in the memory model"),
-    "autoRecomputation": pending(5, "recomputation"),
-    "explicitRecomputation": pending(5, "explicit recomputation"),
+    # Recomputation clones forward ops into the backward pass; the IR is always explicit.
+    "autoRecomputation": ByMode(no_effect("inference has no backward pass"), BUILT),
+    "explicitRecomputation": ByMode(no_effect("inference has no backward pass"), BUILT),
     "mergeVarUpdate": ByMode(no_effect("inference has no variable updates"), _TRAINING),
     "mergeVarUpdateMemThreshold": ByMode(no_effect("inference has no variable updates"), _TRAINING),
     "looseThresholdAtPeak": ByMode(no_effect("inference has no variable updates"), _TRAINING),
@@ -802,8 +802,9 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "enableExplicitMainLoops": pending(6, "explicit main loops (overlapped IO)"),
     "enableMergeExchange": pending(6, "merged exchanges in the cycle model"),
     "numIOTiles": pending(6, "IO tiles"),
-    "virtualGraphMode": pending(5, "virtual graphs"),
-    "enablePipelining": pending(5, "pipelining"),
+    # VirtualGraphMode.ExecutionPhases is rejected by the virtual-graph pass (issue #6).
+    "virtualGraphMode": BUILT,
+    "enablePipelining": BUILT,
     "enableReplicatedGraphs": ByMode(BUILT, pending(5, "replicated training")),
     "replicatedGraphCount": ByMode(BUILT, pending(5, "replicated training")),
     # Inference rejects accumulation itself with the spec's message (session.py).
@@ -850,18 +851,18 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "constantWeights": BUILT,
     "enableEngineCaching": pending(6, "engine caching"),
     "cachePath": no_effect("read only with enableEngineCaching, which is checked itself"),
-    "instrumentWithHardwareCycleCounter": pending(6, "cycle instrumentation"),
+    "instrumentWithHardwareCycleCounter": BUILT,
     "hardwareInstrumentations": pending(6, "cycle instrumentation"),
     "disableGradAccumulationTensorStreams": ByMode(
         no_effect(_INFERENCE_ONLY_GRADS), pending(3, "gradient accumulation streams")
     ),
     "compilationProgressLogger": no_effect("progress reporting only"),
     "compilationProgressTotal": no_effect("progress reporting only"),
-    "engineOptions": pending(6, "engine options (profiling)"),
+    "engineOptions": BUILT,  # only "autoReport.all" is read; other keys are Poplar tuning
     "convolutionOptions": pending(6, "convolution planning options in the cost model"),
     "lstmOptions": pending(6, "LSTM planning options in the cost model"),
     "matmulOptions": pending(6, "matmul planning options in the cost model"),
-    "reportOptions": pending(6, "profile report options"),
+    "reportOptions": no_effect("the simulated profile report has a fixed content"),
     "gclOptions": pending(5, "collective (GCL) options"),
 }
 

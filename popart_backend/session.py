@@ -20,15 +20,20 @@ import onnx
 from onnx import numpy_helper
 
 from .dataflow import DataFlow, PyWeightsIO, anchor_shape
+from .device.analysis import DeviceModel, analyse
+from .device.cost import BatchInfo
 from .device.lower import Program, lower
 from .device.manager import DeviceConnectionType
 from .device.simulator import SimulatedDevice
 from .errors import NotImplementedOptionError, popart_exception, popart_runtime_error
+from .ir.dot import DotWriter
+from .ir.dump import dump_on_error, maybe_dump_ir
 from .ir.ir import Ir
 from .ir.tensor import TensorKind
 from .onnx_import import LoadedModel, import_model, initializer_value, load_model
 from .optimizers import Optimizer
-from .options import Patterns, SessionOptions, SyntheticDataMode, check_buildable
+from .options import DotCheck, Patterns, SessionOptions, SyntheticDataMode, check_buildable
+from .report import PROFILING_DISABLED, Report, profiling_enabled, summary_text
 from .tensorinfo import (
     ExchangeStrategy,
     InputShapeInfo,
@@ -99,18 +104,24 @@ class SessionBase:
 
         self._model: LoadedModel = load_model(fnModel)
         self._check_input_settings()
-        self._ir = import_model(
-            self._model,
-            input_shape_info=inputShapeInfo.to_ir(),
-            constant_weights=self._constant_weights(),
-            strict_op_versions=userOptions.strictOpVersions,
-        )
-        if not self._training:
-            self._check_anchors_exist()
-        self._ir.anchors = dataFlow.anchors()
-        run_passes(self._ir, self._passes())
-        if self._training:
-            self._check_anchors_exist()
+        self._dots = DotWriter(userOptions)  # also rejects a bad POPART_DOT_CHECKS
+        graph_name = self._model.proto.graph.name
+        self._ir = None
+        with dump_on_error(lambda: self._ir, graph_name):
+            self._ir = import_model(
+                self._model,
+                input_shape_info=inputShapeInfo.to_ir(),
+                constant_weights=self._constant_weights(),
+                strict_op_versions=userOptions.strictOpVersions,
+            )
+            self._dots.write(self._ir, DotCheck.Fwd0)
+            if not self._training:
+                self._check_anchors_exist()
+            self._ir.anchors = dataFlow.anchors()
+            self._dots.run_passes(self._ir, self._passes(), run_passes)
+            if self._training:
+                self._check_anchors_exist()
+        maybe_dump_ir(self._ir, graph_name)
         self._program: Program = lower(self._ir, dataFlow, self._replication_factor,
                                        self._accumulation_factor)
         self._check_device()
@@ -121,6 +132,9 @@ class SessionBase:
         }
         self._random_seed = 0
         self._device: SimulatedDevice | None = None
+        self._device_model: DeviceModel | None = None
+        self._runs = 0
+        self._profiled_runs = 0
         self._engine_loaded = False
         self._weights_written = False
 
@@ -131,6 +145,10 @@ class SessionBase:
 
     def _passes(self) -> list:
         raise NotImplementedError
+
+    def _ipus_per_replica(self) -> int:
+        """The device's IPUs per replica, which virtual graphs and pipelining split over."""
+        return max(1, self._device_info.numIpus // self._replication_factor)
 
     def _check_mode_options(self, options: SessionOptions) -> None:
         pass
@@ -214,8 +232,14 @@ class SessionBase:
             _log.info("compileEngine is False: the IR is built, no engine is compiled.")
             return
         if self._device is None:
-            self._device = SimulatedDevice(
+            device = SimulatedDevice(
                 self._program, _SYNTHETIC[self._options.syntheticDataMode], self._random_seed)
+            # The memory and cycle model of the simulated IPU (DESIGN decision 8): raises
+            # OutOfMemoryException when a tile or an IPU overflows.
+            self._device_model = analyse(self._ir, device.plan.order, self._device_info,
+                                         self._options, BatchInfo.from_program(self._program))
+            self._device_model.check_fits(summary_text(self._device_model))
+            self._device = device
         if loadEngine:
             self.loadEngineAndConnectStreams()
 
@@ -270,6 +294,8 @@ class SessionBase:
         if debugName:
             _log.debug("run '%s'", debugName)
         device.run(stepio)
+        self._runs += 1
+        self._profiled_runs += 1
 
     def initAnchorArrays(self) -> dict[str, np.ndarray]:  # noqa: N802
         """Zero-filled numpy arrays of the §4.2 shapes, one per anchor (F29)."""
@@ -298,24 +324,47 @@ class SessionBase:
             self._device.set_seed(self._random_seed)
 
     def getSummaryReport(self, resetProfile: bool = True) -> str:  # noqa: N802,N803
+        """Text summary (F54): memory and cycles of the simulated IPU when profiling is on
+        (``engineOptions["autoReport.all"] = "true"``) and the device is prepared."""
         graph = self._ir.main
-        return "\n".join([
+        header = [
             f"{type(self).__name__} '{self.name}'",
             f"  ops: {len(graph.ops)}, tensors: {len(graph.tensors)}, weights: "
             f"{len(self._program.weights)}",
             f"  batches per step: {self._data_flow.batchesPerStep()}, replication factor: "
             f"{self._replication_factor}, accumulation factor: {self._accumulation_factor}",
-            # TODO(#6): execution profiles when engineOptions enable them.
-            "Execution profiling not enabled",
-        ])
+        ]
+        if not profiling_enabled(self._options) or self._device_model is None:
+            return "\n".join(header + [PROFILING_DISABLED])
+        text = "\n".join(header + [summary_text(self._device_model, self._profiled_runs)])
+        if resetProfile:
+            self._profiled_runs = 0
+        return text
+
+    def getReport(self) -> Report:  # noqa: N802
+        """The profile of the simulated IPU as a Report object (F55)."""
+        if not profiling_enabled(self._options):
+            raise popart_exception(
+                "getReport: execution profiling is not enabled; set "
+                "SessionOptions.engineOptions = {'autoReport.all': 'true'}."
+            )
+        if self._device_model is None:
+            raise popart_exception("getReport: call prepareDevice() first.")
+        return Report(self._device_model, self._profiled_runs)
 
     def getCycleCount(self, id: str = "") -> int:  # noqa: N802,A002
-        # instrumentWithHardwareCycleCounter is rejected by check_buildable until issue #6
-        # builds the cycle model, so reaching here means it is off.
-        raise popart_exception(
-            "getCycleCount: the session was not built with cycle instrumentation; set "
-            "SessionOptions.instrumentWithHardwareCycleCounter = True (issue #6 builds it)."
-        )
+        """Simulated cycles of the last run (F56); needs instrumentWithHardwareCycleCounter."""
+        if not self._options.instrumentWithHardwareCycleCounter:
+            raise popart_exception(
+                "getCycleCount: the session was not built with cycle instrumentation; set "
+                "SessionOptions.instrumentWithHardwareCycleCounter = True."
+            )
+        self._ready_device("getCycleCount()")
+        if not self._runs:
+            raise popart_exception(
+                "getCycleCount: no run() yet; the counter holds the cycles of the last run."
+            )
+        return self._device_model.cycle_count(id)
 
     # --- weights ------------------------------------------------------------------------------
 
@@ -464,7 +513,8 @@ class InferenceSession(SessionBase):
         return self._options.constantWeights
 
     def _passes(self) -> list:
-        return inference_passes(self._options)
+        return inference_passes(self._options, self._ipus_per_replica(),
+                                self._data_flow.batchesPerStep())
 
     def _check_mode_options(self, options: SessionOptions) -> None:
         if options.enableGradientAccumulation:
@@ -530,7 +580,8 @@ class TrainingSession(SessionBase):
     def _passes(self) -> list:
         self._check_loss()
         passes = training_passes(self._options, self._loss_id, self._optimizer,
-                                 self._accumulation_factor, self._replication_factor)
+                                 self._accumulation_factor, self._replication_factor,
+                                 self._ipus_per_replica(), self._data_flow.batchesPerStep())
         self._apply_optimizer = next(p for p in passes if isinstance(p, ApplyOptimizer))
         return passes
 

@@ -10,9 +10,10 @@ with FLOPs and bytes from ``Op.cost()``. ``rate`` is the AMP peak for the op's d
 ``amp_efficiency`` for ops with ``uses_amp`` (MatMul, Gemm, Conv, ...), else the vector units'
 rate; both, and the SRAM bandwidth, are scaled by the share of tiles the op has work on (the
 tiles of its largest operand under the linear mapping of device/memory.py). Exchanged bytes:
-every input of an AMP op (operands are broadcast to the tiles computing partial products) and,
-for other ops, each input whose size differs from the output's (elementwise ops read inputs
-mapped like their output and exchange nothing).
+the computed (non-variable, non-constant) inputs of an AMP op, which are broadcast to the tiles
+computing partial products, and of other ops each computed input whose size differs from the
+output's (elementwise ops read inputs mapped like their output). Variables and constants are
+laid out at compile time for the op that reads them, so they are not exchanged.
 
 A tensor read on another IPU than its producer's crosses the IPU-Links: bytes / link bandwidth
 plus an IPU sync. Host streams cross the host link once per micro-batch (inputs) and per step
@@ -33,9 +34,13 @@ from typing import Sequence
 
 from ..ir.graph import Graph
 from ..ir.op import ExecutionContext, Op
+from ..ir.tensor import TensorKind
 from .spec import IpuSpec
 
 __all__ = ["BatchInfo", "CycleResult", "LinkTransfer", "OpCycles", "compute_cycles", "op_cycles"]
+
+# Tensors whose tile layout is chosen at compile time for the op reading them.
+_LAID_OUT = (TensorKind.VARIABLE, TensorKind.CONST)
 
 
 @dataclass(frozen=True)
@@ -141,9 +146,9 @@ class CycleResult:
         timelines here instead of summing.
         """
         b = self.batch
+        outer = self.fragment_cycles(ExecutionContext.AccumulateOuterFragment)
         return (b.micro_batches_per_step * self.micro_batch_cycles
-                + b.batches_per_step * self.fragment_cycles(ExecutionContext.AccumulateOuterFragment)
-                + self.host_anchor_cycles)
+                + b.batches_per_step * outer + self.host_anchor_cycles)
 
     @property
     def step_seconds(self) -> float:
@@ -197,7 +202,9 @@ def op_cycles(op: Op, spec: IpuSpec, position: int = 0) -> OpCycles:
             else spec.vector_flops(dtype)) * share
     compute_s = max(flops / rate, moved / (spec.sram_bytes_per_s * share))
     out_bytes = outs[0].num_bytes if outs else 0
-    exchange = sum(i.num_bytes for i in ins if op.uses_amp or i.num_bytes != out_bytes)
+    exchange = sum(t.info.num_bytes for t in op.inputs
+                   if t is not None and t.kind not in _LAID_OUT
+                   and (op.uses_amp or t.info.num_bytes != out_bytes))
     return OpCycles(
         position=position,
         op_id=op.id,

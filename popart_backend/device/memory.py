@@ -47,6 +47,7 @@ _ROLE_CATEGORY = {
     TensorRole.RUNNING_STAT: "running stats",
     TensorRole.OPTIMIZER_PARAM: "optimizer params",
     TensorRole.STEP: "step counters",
+    TensorRole.STASH: "pipeline stashes",
 }
 # Report order. "activations" is the peak over the schedule; the others are always live.
 CATEGORIES = (*_ROLE_CATEGORY.values(), "constants", "streams", "activations", "code")

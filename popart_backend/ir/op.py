@@ -79,6 +79,11 @@ class Op:
     # Inputs the kernel writes in place (variable updates, accumulators). The scheduler runs
     # such an op after every other reader of those inputs (Graph.add_op adds the constraints).
     modifies_inputs: ClassVar[tuple[int, ...]] = ()
+    # Listed by getSupportedOperations(False)? None: decided by supported_ops.is_public's rules.
+    public: ClassVar[bool | None] = None
+    # True for ops whose FLOPs run on the AMP (matrix) units: the cost model rates them at the
+    # AMP peak instead of the vector units' rate (device/cost.py).
+    uses_amp: ClassVar[bool] = False
 
     def __init__(self, attrs=None, settings: OpSettings | None = None, version: int | None = None):
         self.attrs = attrs if attrs is not None else self.Attrs()

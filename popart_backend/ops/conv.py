@@ -152,9 +152,11 @@ def _check_kernel_shape(op: Op, kernel_shape: tuple, w: TensorInfo) -> tuple[int
     return kernel
 
 
-@register_op("Conv", versions=(1, 11))
+@register_op("Conv", versions=(1, 11, 22))
 class Conv(Op):
     """Y = conv(X, W) + B with groups, strides, dilations and explicit or automatic pads."""
+
+    uses_amp = True
 
     @dataclass(frozen=True)
     class Attrs:
@@ -208,6 +210,13 @@ class Conv(Op):
 
     def grad(self, g):
         _conv_grads(self, g, "ConvGrad")
+
+    def cost(self) -> tuple[int, int]:
+        # W is [M, C/group, k...]: each output element is a dot product of C/group·prod(k).
+        _, moved = super().cost()
+        y, w = self.outputs[0].info, self.inputs[1].info
+        bias = y.nelms if len(self.inputs) > 2 and self.inputs[2] is not None else 0
+        return 2 * y.nelms * (w.nelms // w.shape[0]) + bias, moved
 
 
 def _conv_grads(op: Op, g, grad_type: str) -> None:
@@ -264,10 +273,24 @@ class ConvGrad(Conv):
             grads = (F.pad(grads[0], tuple(-p for p in self._pre_pad)),) + tuple(grads[1:])
         return pick_grads(grads, self.attrs.wrt)
 
+    def cost(self) -> tuple[int, int]:
+        return _grad_cost(self, self.inputs[0].info, self.inputs[0].info, self.inputs[2].info)
 
-@register_op("ConvTranspose", versions=(1, 11))
+
+def _grad_cost(op: Op, rows: TensorInfo, dy: TensorInfo, w: TensorInfo) -> tuple[int, int]:
+    """dX and dW each cost the forward product: every element of ``rows`` (Conv: Y, ConvTranspose:
+    X) does a multiply-add with ``w.nelms // w.shape[0]`` weights. dB sums dY once."""
+    _, moved = Op.cost(op)
+    forward = 2 * rows.nelms * (w.nelms // w.shape[0])
+    wrt = op.attrs.wrt
+    return forward * sum(1 for i in wrt if i in (0, 1)) + (dy.nelms if 2 in wrt else 0), moved
+
+
+@register_op("ConvTranspose", versions=(1, 11, 22))
 class ConvTranspose(Op):
     """The gradient of Conv with respect to its input, used as an upsampling layer."""
+
+    uses_amp = True
 
     @dataclass(frozen=True)
     class Attrs:
@@ -376,6 +399,13 @@ class ConvTranspose(Op):
     def grad(self, g):
         _conv_grads(self, g, "ConvTransposeGrad")
 
+    def cost(self) -> tuple[int, int]:
+        # W is [C, M/group, k...]: each input element scatters into M/group·prod(k) outputs.
+        _, moved = super().cost()
+        x, w = self.inputs[0].info, self.inputs[1].info
+        bias = self.outputs[0].info.nelms if len(self.inputs) > 2 and self.inputs[2] else 0
+        return 2 * x.nelms * (w.nelms // w.shape[0]) + bias, moved
+
 
 @register_op("ConvTransposeGrad", versions=1, domain=AI_GRAPHCORE)
 class ConvTransposeGrad(ConvTranspose):
@@ -404,4 +434,8 @@ class ConvTransposeGrad(ConvTranspose):
         )
         grads = (dx, dw, db)
         return pick_grads(grads, self.attrs.wrt)
+
+    def cost(self) -> tuple[int, int]:
+        # The forward product runs over the elements of X (input 1 here), W is [C, M/group, k...].
+        return _grad_cost(self, self.inputs[1].info, self.inputs[0].info, self.inputs[2].info)
 

@@ -3,6 +3,7 @@ their gradients (the grad ops sit right below their forward op, in domain ai.gra
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -59,12 +60,16 @@ def matmul_shape(op: Op, a: TensorInfo, b: TensorInfo) -> tuple[int, ...]:
 class MatMul(Op):
     """Y = A @ B with numpy broadcasting of the batch dims."""
 
+    uses_amp = True
+
     def infer(self, a, b):
         if a.dtype != b.dtype:
             raise ShapeError(f"{self.debug_name}: operand dtypes differ: lhs {a}, rhs {b}.")
+        shape = matmul_shape(self, a, b)
+        self._inner = a.shape[-1]
         self._widen = _WIDENED.get(a.dtype)
         self._out_dtype = a.dtype.torch
-        return TensorInfo(a.dtype, matmul_shape(self, a, b))
+        return TensorInfo(a.dtype, shape)
 
     def kernel(self, a, b):
         if self._widen is not None:
@@ -81,6 +86,11 @@ class MatMul(Op):
             g.set_input_grad(1, g.op("MatMulRhsGrad", dy, a, domain=AI_GRAPHCORE,
                                      rhs_shape=g.input_info(1).shape))
 
+    def cost(self) -> tuple[int, int]:
+        # A multiply-add per output element and inner index: 2·M·N·K·batch.
+        _, moved = super().cost()
+        return 2 * self.outputs[0].info.nelms * self._inner, moved
+
 
 def _promoted(shape: tuple[int, ...], lhs: bool) -> tuple[int, ...]:
     """numpy.matmul's promotion of a 1-D operand to a matrix."""
@@ -92,6 +102,8 @@ def _promoted(shape: tuple[int, ...], lhs: bool) -> tuple[int, ...]:
 class _MatMulGrad(Op):
     """Shared by both MatMul grads: view dY as the un-squeezed batched product, then sum the
     batch dims that broadcasting added back to the operand's shape."""
+
+    uses_amp = True
 
     def setup(self, dy: TensorInfo, other: TensorInfo, shape, lhs: bool) -> TensorInfo:
         if not dy.dtype.is_float:
@@ -109,7 +121,14 @@ class _MatMulGrad(Op):
         self._shape = tuple(shape)
         # A product with a 2-D operand folds the batch into rows: one large mm, as torch does.
         self._fold = len(mine) == 2 and len(batch) > 0
+        # The summed index is the operand's K: lhs columns for dA = dY·Bᵀ, rhs rows for Aᵀ·dY.
+        self._inner = mine[-1] if lhs else mine[-2]
         return TensorInfo(dy.dtype, self._shape)
+
+    def cost(self) -> tuple[int, int]:
+        # The forward product's FLOPs: 2 · elements of dY · K.
+        _, moved = super().cost()
+        return 2 * math.prod(self._dy_shape) * self._inner, moved
 
     def finish(self, grad: torch.Tensor) -> torch.Tensor:
         if self._sum_dims:
@@ -158,6 +177,8 @@ class MatMulRhsGrad(_MatMulGrad):
 @register_op("Gemm", versions=(1, 6, 7, 9, 11, 13))
 class Gemm(Op):
     """Y = alpha * A' @ B' + beta * C, where X' is X or its transpose; C broadcasts to Y."""
+
+    uses_amp = True
 
     @dataclass(frozen=True)
     class Attrs:
@@ -211,6 +232,7 @@ class Gemm(Op):
                     f"shape {[m, n]}."
                 )
         dtype = a.dtype
+        self._inner = k
         self._widen = _WIDENED.get(dtype)
         self._out_dtype = dtype.torch
         self._integral = not dtype.torch.is_floating_point
@@ -270,11 +292,19 @@ class Gemm(Op):
                 dc = g.op("Mul", dc, beta)
             g.set_input_grad(2, dc)
 
+    def cost(self) -> tuple[int, int]:
+        # 2·M·N·K for the product, plus one add per output element for C.
+        _, moved = super().cost()
+        y = self.outputs[0].info.nelms
+        return 2 * y * self._inner + (y if len(self.inputs) > 2 and self.inputs[2] else 0), moved
+
 
 @register_op("GemmGrad", versions=1, domain=AI_GRAPHCORE)
 class GemmGrad(Op):
     """Gradient of Gemm's A (operand=0, other = B) or B (operand=1, other = A):
     dA' = alpha·dY·B'^T and dB' = alpha·A'^T·dY, transposed back when the operand was."""
+
+    uses_amp = True
 
     @dataclass(frozen=True)
     class Attrs:
@@ -305,6 +335,14 @@ class GemmGrad(Op):
             grad = torch.mm(dy.t(), a_prime) if at.transB else torch.mm(a_prime.t(), dy)
         return grad if at.alpha == 1.0 else grad.mul_(at.alpha)
 
+    def cost(self) -> tuple[int, int]:
+        # The forward's 2·M·N·K: dY is [M, N] and the gradient holds K·(M or N) elements.
+        _, moved = super().cost()
+        dy, grad = self.inputs[0].info, self.outputs[0].info
+        m, n = dy.shape
+        k = grad.nelms // (m if self.attrs.operand == 0 else n)
+        return 2 * m * n * k, moved
+
 
 _TERM = re.compile(r"^(?:[A-Za-z]|\.\.\.)*$")
 
@@ -314,9 +352,11 @@ def _split_term(term: str) -> list[str]:
     return re.findall(r"\.\.\.|[A-Za-z]", term)
 
 
-@register_op("Einsum", versions=(12,))
+@register_op("Einsum", versions=(12, 28))
 class Einsum(Op):
     """Einstein summation (torch.einsum), with the equation checked against the input shapes."""
+
+    uses_amp = True
 
     @dataclass(frozen=True)
     class Attrs:
@@ -382,6 +422,8 @@ class Einsum(Op):
         for label in out_labels:
             shape.extend((ellipsis or ()) if label == "..." else (sizes[label],))
         self._equation = equation
+        # Every combination of label values is visited once (a multiply-add with operands).
+        self._loop_size = math.prod(sizes.values()) * math.prod(ellipsis or ())
         dtype = infos[0].dtype
         self._widen = _WIDENED.get(dtype)
         self._out_dtype = dtype.torch
@@ -391,6 +433,10 @@ class Einsum(Op):
         if self._widen is not None:
             return torch.einsum(self._equation, *(x.to(self._widen) for x in xs)).to(self._out_dtype)
         return torch.einsum(self._equation, *xs)
+
+    def cost(self) -> tuple[int, int]:
+        _, moved = super().cost()
+        return (2 if len(self.inputs) > 1 else 1) * self._loop_size, moved
 
     def grad(self, g):
         infos = [g.input_info(i) for i in range(len(self.inputs))]

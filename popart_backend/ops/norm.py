@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -45,9 +46,23 @@ def _stash_dtype(op: Op, stash_type: int) -> torch.dtype:
     return _STASH_TYPES[stash_type].torch
 
 
+class _Normalization(Op):
+    """Cost of a normalization: a fixed FLOP count per element of input 0 (X, or dY for the
+    grads). Statistics take a sum and a sum of squares, normalizing a subtract and a multiply,
+    the affine part a multiply-add; a gradient adds the two reductions of dY."""
+
+    flops_per_element: ClassVar[int] = 7
+
+    def cost(self) -> tuple[int, int]:
+        _, moved = super().cost()
+        return self.flops_per_element * self.inputs[0].info.nelms, moved
+
+
 @register_op("BatchNormalization", versions=(1, 6, 7, 9, 14, 15))
-class BatchNormalization(Op):
+class BatchNormalization(_Normalization):
     """Y = (X - mean) / sqrt(var + epsilon) * scale + B with the given (running) statistics."""
+
+    flops_per_element = 2  # statistics are given: scale and shift only
 
     @dataclass(frozen=True)
     class Attrs:
@@ -146,7 +161,7 @@ def _batch_norm_grads(op: Op, g, stat0: str, stat1: str, training: int) -> None:
 
 
 @register_op("BatchNormalizationTraining", versions=1, domain=AI_GRAPHCORE)
-class BatchNormalizationTraining(Op):
+class BatchNormalizationTraining(_Normalization):
     """BatchNormalization of a TrainingSession (made by the TrainingSemantics pass).
 
     Y normalizes with the batch mean and (biased) variance. The running statistics (inputs 3, 4,
@@ -157,6 +172,8 @@ class BatchNormalizationTraining(Op):
     and var (aliases of inputs 3, 4), and the batch mean and 1/sqrt(var + epsilon) that the
     gradient reuses.
     """
+
+    public = False  # only the TrainingSemantics pass creates it
 
     modifies_inputs = (3, 4)
 
@@ -212,12 +229,14 @@ class BatchNormalizationTraining(Op):
 
 
 @register_op("BatchNormalizationGrad", versions=1, domain=AI_GRAPHCORE)
-class BatchNormalizationGrad(Op):
+class BatchNormalizationGrad(_Normalization):
     """dX, dScale, dB (those in ``wrt``) of batch normalization, by torch's backward kernel.
 
     Inputs: dY, X, scale, B (for its dtype), then the statistics: with ``training`` the batch
     mean and inverse std the forward saved, else the running mean and variance.
     """
+
+    flops_per_element = 8
 
     @dataclass(frozen=True)
     class Attrs:
@@ -256,7 +275,7 @@ class BatchNormalizationGrad(Op):
 
 
 @register_op("LayerNormalization", versions=(17,))
-class LayerNormalization(Op):
+class LayerNormalization(_Normalization):
     """Normalize over dims [axis, rank), then scale and shift; optional Mean and InvStdDev."""
 
     @dataclass(frozen=True)
@@ -341,6 +360,8 @@ class LayerNormalizationGrad(LayerNormalization):
     recomputed here.
     """
 
+    flops_per_element = 8
+
     @dataclass(frozen=True)
     class Attrs:
         wrt: tuple[int, ...]
@@ -386,8 +407,8 @@ def _check_channel_params(op: Op, x: TensorInfo, size: int, *params) -> None:
             raise ShapeError(f"{op.debug_name}: {name} {info} and X {x} dtypes differ.")
 
 
-@register_op("InstanceNormalization", versions=(1, 6))
-class InstanceNormalization(Op):
+@register_op("InstanceNormalization", versions=(1, 6, 22))
+class InstanceNormalization(_Normalization):
     """Normalize each (n, c) plane over its spatial dims, then scale and shift per channel."""
 
     @dataclass(frozen=True)
@@ -418,7 +439,7 @@ class InstanceNormalization(Op):
 
 
 @register_op("GroupNormalization", versions=(18, 21))
-class GroupNormalization(Op):
+class GroupNormalization(_Normalization):
     """Normalize over groups of channels. Version 18 scales per group, 21 per channel."""
 
     @dataclass(frozen=True)
@@ -483,7 +504,7 @@ def _group_norm_grads(op: Op, g, groups: int, per_group_scale: int, stash: int |
 
 
 @register_op("GroupNormalizationGrad", versions=1, domain=AI_GRAPHCORE)
-class GroupNormalizationGrad(Op):
+class GroupNormalizationGrad(_Normalization):
     """dX, dScale, dB (those in ``wrt``) of group (and instance) normalization.
 
     Inputs dY, X, scale, B (B for its dtype). The group statistics are recomputed from X (one
@@ -491,6 +512,8 @@ class GroupNormalizationGrad(Op):
     B hold one value per group (GroupNormalization-18), so their gradients are summed per group.
     ``stash_type`` (when set) is the dtype the forward normalized in.
     """
+
+    flops_per_element = 8
 
     @dataclass(frozen=True)
     class Attrs:
@@ -564,9 +587,14 @@ class LRN(Op):
         mean = F.avg_pool2d(sq, (at.size, 1), stride=1).reshape(x.shape)
         return x / mean.mul_(at.alpha).add_(at.bias).pow_(at.beta)
 
+    def cost(self) -> tuple[int, int]:
+        # The square, the window sum of ``size`` values, then scale, power and divide.
+        _, moved = super().cost()
+        return (self.attrs.size + 4) * self.inputs[0].info.nelms, moved
+
 
 @register_op("MeanVarianceNormalization", versions=(9, 13))
-class MeanVarianceNormalization(Op):
+class MeanVarianceNormalization(_Normalization):
     """Y = (X - mean) / (sqrt(variance) + 1e-9) over ``axes`` (ONNX's function body)."""
 
     @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +63,15 @@ class _WindowPool(Op):
     """Shared attribute handling: older versions' Attrs lack later fields, whose defaults then
     mean exactly what the older version did (no dilation, floor mode, ...)."""
 
+    # The grad ops read dY (input 0), which has the pooled output's shape.
+    pooled_input: ClassVar[bool] = False
+
+    def cost(self) -> tuple[int, int]:
+        # One compare or add per element of each window.
+        _, moved = super().cost()
+        pooled = self.inputs[0] if self.pooled_input else self.outputs[0]
+        return pooled.info.nelms * math.prod(self.attrs.kernel_shape), moved
+
     def full_attrs(self):
         return self.Attrs(**dataclasses.asdict(self.attrs))
 
@@ -84,7 +94,7 @@ class _WindowPool(Op):
         )
 
 
-@register_op("MaxPool", versions=(1, 8, 10, 11, 12))
+@register_op("MaxPool", versions=(1, 8, 10, 11, 12, 22))
 class MaxPool(_WindowPool):
     """Y = max over each window; Indices (version >= 8) = flat index of the max in X."""
 
@@ -183,6 +193,8 @@ def _max_pool_backward(n: int):
 class MaxPoolGrad(MaxPool):
     """dX of MaxPool: the window maxima are found again (indices) and dY is routed there."""
 
+    pooled_input = True
+
     @classmethod
     def attrs_type(cls, version: int):
         return MaxPool.Attrs
@@ -263,7 +275,7 @@ def _counts(win: Window, in_sizes, include_pad: bool) -> list[list[int]]:
     return result
 
 
-@register_op("AveragePool", versions=(1, 7, 10, 11, 19))
+@register_op("AveragePool", versions=(1, 7, 10, 11, 19, 22))
 class AveragePool(_WindowPool):
     """Y = mean over each window; count_include_pad decides whether pads count."""
 
@@ -366,6 +378,8 @@ _AVG_POOL_BACKWARD = {2: torch.ops.aten.avg_pool2d_backward, 3: torch.ops.aten.a
 class AveragePoolGrad(AveragePool):
     """dX of AveragePool: dY divided by each window's count, spread over the window."""
 
+    pooled_input = True
+
     @classmethod
     def attrs_type(cls, version: int):
         return AveragePool.Attrs
@@ -395,7 +409,7 @@ class AveragePoolGrad(AveragePool):
         return self._backward(dy, x, *self._backward_args)
 
 
-@register_op("LpPool", versions=(1, 2, 11, 18))
+@register_op("LpPool", versions=(1, 2, 11, 18, 22))
 class LpPool(_WindowPool):
     """Y = (sum over each window of |x|^p)^(1/p); pads contribute zeros."""
 
@@ -458,6 +472,8 @@ class LpPoolGrad(LpPool):
     """dX = adjoint(dY * Y^(1-p)) * |X|^(p-1) * sign(X); Y = 0 windows give NaN, as torch's
     norm backward at zero does for p < 1 and as 0/0 does here."""
 
+    pooled_input = True
+
     @classmethod
     def attrs_type(cls, version: int):
         return LpPool.Attrs
@@ -480,6 +496,11 @@ class LpPoolGrad(LpPool):
 class _GlobalPool(Op):
     """Reduce all spatial dims to size 1."""
 
+    def cost(self) -> tuple[int, int]:
+        # Every input element enters one reduction.
+        _, moved = super().cost()
+        return self.inputs[0].info.nelms, moved
+
     def infer(self, x):
         if x.rank < 3:
             raise ShapeError(f"{self.debug_name}: X {x} must be [N, C, D1..Dn] with n >= 1.")
@@ -487,7 +508,7 @@ class _GlobalPool(Op):
         return TensorInfo(x.dtype, x.shape[:2] + (1,) * (x.rank - 2))
 
 
-@register_op("GlobalAveragePool", versions=(1,))
+@register_op("GlobalAveragePool", versions=(1, 22))
 class GlobalAveragePool(_GlobalPool):
     def kernel(self, x):
         return x.mean(self._dims, keepdim=True)
@@ -513,7 +534,7 @@ class GlobalAveragePoolGrad(Op):
         return (dy * self._scale).expand(self.attrs.shape).contiguous()
 
 
-@register_op("GlobalMaxPool", versions=(1,))
+@register_op("GlobalMaxPool", versions=(1, 22))
 class GlobalMaxPool(_GlobalPool):
     def kernel(self, x):
         return x.amax(self._dims, keepdim=True)
@@ -539,7 +560,7 @@ class GlobalMaxPoolGrad(Op):
         return dx.reshape(x.shape)
 
 
-@register_op("GlobalLpPool", versions=(1, 2))
+@register_op("GlobalLpPool", versions=(1, 2, 22))
 class GlobalLpPool(_GlobalPool):
     @dataclass(frozen=True)
     class Attrs:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -23,6 +24,13 @@ from .registry import AI_GRAPHCORE, register_op
 
 class _AxisNormalizer(Op):
     """Shared shape logic: ``self._coerced`` is the 2-D shape for versions < 13, else None."""
+
+    # Softmax: max, subtract, exp, sum and divide per element.
+    flops_per_element: ClassVar[int] = 5
+
+    def cost(self) -> tuple[int, int]:
+        _, moved = super().cost()
+        return self.flops_per_element * self.inputs[0].info.nelms, moved
 
     @dataclass(frozen=True)
     class Attrs:
@@ -66,6 +74,9 @@ class _AxisNormalizer(Op):
 
 class _AxisNormalizerGrad(_AxisNormalizer):
     """dX from dY and the forward output Y, along the forward's axis."""
+
+    # A product with Y, its sum along the axis, and a multiply-subtract.
+    flops_per_element = 3
 
     @dataclass(frozen=True)
     class Attrs:
@@ -132,6 +143,8 @@ class LogSoftmaxGrad(_AxisNormalizerGrad):
 @register_op("Hardmax", versions=(1, 11, 13))
 class Hardmax(_AxisNormalizer):
     """1 at the first maximum along the axis, 0 elsewhere."""
+
+    flops_per_element = 2  # max along the axis, then a compare
 
     def compute(self, x, dim):
         index = torch.argmax(x, dim, keepdim=True)

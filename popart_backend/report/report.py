@@ -1,0 +1,103 @@
+"""``getReport()``: the profile of a compiled session as an object (spec §4.7, F55).
+
+PopART returns libpva's ``Report``; the simulator's report holds what its device model knows:
+memory per IPU, per category and per tile, the largest tensors, the op-by-op cycles of one step,
+and the runs profiled so far. ``to_json(path)`` saves it; ``to_chrome_trace(path)`` writes the
+timeline of one step (report/trace.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..device.analysis import DeviceModel
+from .summary import summary_text
+from .trace import chrome_trace
+
+__all__ = ["Report"]
+
+
+class Report:
+    """The profile of one session: ``compilation`` (memory) and ``execution`` (cycles)."""
+
+    def __init__(self, model: DeviceModel, runs: int = 0):
+        self.model = model
+        self.runs = runs
+
+    @property
+    def compilation(self) -> dict:
+        """Target and memory: per IPU totals, categories, per-tile peaks, largest tensors."""
+        spec = self.model.spec
+        return {
+            "target": {"device": self.model.device, "architecture": spec.name,
+                       "tilesPerIpu": spec.num_tiles, "bytesPerTile": spec.tile_bytes,
+                       "clockHz": spec.clock_hz},
+            "ipus": [
+                {
+                    "ipu": m.ipu,
+                    "totalBytes": m.total_bytes,
+                    "capacityBytes": m.capacity_bytes,
+                    "fits": m.fits,
+                    "categories": dict(m.categories),
+                    "worstTile": m.worst_tile,
+                    "worstTileBytes": m.worst_tile_bytes,
+                    "tileBytes": [int(b) for b in m.tile_peak_bytes],
+                    "peakOp": m.peak_op,
+                    "peakLive": list(m.peak_live),
+                    "largestTensors": [
+                        {"id": t.id, "info": t.info, "bytes": t.num_bytes,
+                         "category": t.category}
+                        for t in m.largest(20)
+                    ],
+                }
+                for m in self.model.memory.ipus
+            ],
+        }
+
+    @property
+    def execution(self) -> dict:
+        """Cycles: per step, per op (one execution each), throughput and the runs so far."""
+        c = self.model.cycles
+        b = c.batch
+        return {
+            "runs": self.runs,
+            "cyclesPerStep": c.step_cycles,
+            "totalCycles": self.runs * c.step_cycles,
+            "secondsPerStep": c.step_seconds,
+            "samplesPerSecond": c.samples_per_second,
+            "utilisation": c.utilisation(),
+            "batch": {"batchesPerStep": b.batches_per_step,
+                      "accumulationFactor": b.accumulation_factor,
+                      "replicationFactor": b.replication_factor,
+                      "samplesPerMicroBatch": b.samples_per_micro_batch},
+            "hostInputCyclesPerMicroBatch": c.host_input_cycles,
+            "hostAnchorCyclesPerStep": c.host_anchor_cycles,
+            "ops": [
+                {"position": o.position, "name": o.name, "type": o.op_type, "ipu": o.ipu,
+                 "context": o.context.name, "flops": o.flops, "bytes": o.bytes_moved,
+                 "exchangeBytes": o.exchange_bytes, "cycles": o.cycles}
+                for o in c.ops
+            ],
+            "links": [
+                {"position": t.position, "tensor": t.tensor_id, "src": t.src_ipu,
+                 "dst": t.dst_ipu, "bytes": t.num_bytes, "cycles": t.cycles}
+                for t in c.links
+            ],
+        }
+
+    def to_dict(self) -> dict:
+        return {"compilation": self.compilation, "execution": self.execution}
+
+    def to_json(self, path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    def to_chrome_trace(self, path) -> None:
+        Path(path).write_text(json.dumps(chrome_trace(self.model)))
+
+    def summary(self) -> str:
+        return summary_text(self.model, self.runs)
+
+    def __repr__(self) -> str:
+        return (f"<Report {self.model.device}: {self.runs} run(s), "
+                f"{self.model.cycles.step_cycles} cycles per step>")
