@@ -17,6 +17,9 @@ from .dataflow import *  # noqa: F401,F403
 from .builder import *  # noqa: F401,F403
 from .session import *  # noqa: F401,F403
 from .optimizers import *  # noqa: F401,F403
+from .supported_ops import *  # noqa: F401,F403
+from . import custom  # noqa: F401  (popart.custom: custom ops in Python, spec §7)
+from .custom import loadCustomOpModule  # noqa: F401
 
 globals().update(_make_throw_hooks())
 

@@ -7,6 +7,10 @@ CPU like any torch op, is kept opaque by ``torch.export``, and is translated to 
 
 from __future__ import annotations
 
+import json
+import re
+
+import numpy as np
 import onnx
 import onnx.defs
 import torch
@@ -14,7 +18,7 @@ from onnxscript import values as onnxscript_values
 
 from .errors import Error
 
-__all__ = ["identity_loss", "nop", "set_available_memory", "ipu_print_tensor"]
+__all__ = ["custom_op", "identity_loss", "nop", "set_available_memory", "ipu_print_tensor"]
 
 GRAPHCORE = "ai.graphcore"
 _REDUCTIONS = {"sum": 0, "mean": 1, "none": 2}
@@ -122,6 +126,159 @@ def _translate_identity_loss(x, reduction: int):
 _register_schemas()
 
 
+# --- custom_op (P61) ----------------------------------------------------------------------------
+#
+# One torch.library op per (domain, name, version, output count), defined on first use: its
+# fake kernel returns tensors shaped like ``example_outputs``, its eager kernel (a model run on
+# CPU) and autograd call the op registered in popart_backend.custom, and its ONNX translation
+# emits the node ``domain::name`` with the attributes, under an ONNX schema registered for it.
+
+_ONNX_TYPES = ["tensor(float)", "tensor(float16)", "tensor(double)", "tensor(bfloat16)",
+               "tensor(int8)", "tensor(int16)", "tensor(int32)", "tensor(int64)",
+               "tensor(uint8)", "tensor(bool)"]
+_AttrType = onnx.defs.OpSchema.AttrType
+_CUSTOM_TORCH_OPS: dict[tuple, object] = {}  # key -> torch custom op
+_CUSTOM_TRANSLATIONS: dict = {}  # torch op overload -> ONNX translation
+
+
+def _attribute_type(key: str, value):
+    """ONNX attribute type of a custom_op attribute value; ValueError for anything else."""
+    if not isinstance(key, str) or not key.isidentifier() or not key.isascii():
+        raise ValueError(f"custom_op: attribute names must be ASCII identifiers, got {key!r}.")
+    if isinstance(value, str) and not value.isascii():
+        raise ValueError(f"custom_op: attribute '{key}' = {value!r} is not ASCII.")
+    if isinstance(value, bool) or isinstance(value, int):
+        return _AttrType.INT
+    if isinstance(value, float):
+        return _AttrType.FLOAT
+    if isinstance(value, str):
+        return _AttrType.STRING
+    if isinstance(value, (list, tuple)) and value:
+        kinds = {_attribute_type(key, v) for v in value}
+        if len(kinds) == 1:
+            return {_AttrType.INT: _AttrType.INTS, _AttrType.FLOAT: _AttrType.FLOATS,
+                    _AttrType.STRING: _AttrType.STRINGS}[kinds.pop()]
+        raise ValueError(f"custom_op: attribute '{key}' = {value!r} mixes types; lists must be "
+                         f"all int, all float or all str.")
+    raise ValueError(f"custom_op: attribute '{key}' = {value!r} ({type(value).__name__}) must "
+                     f"be a float, int, str or a non-empty homogeneous list of them.")
+
+
+def _register_custom_schema(domain: str, name: str, version: int, num_outputs: int,
+                            attr_types: dict) -> None:
+    """An ONNX schema for ``domain::name`` (exporters need one to emit the node)."""
+    if onnx.defs.has(name, version, domain):
+        existing = onnx.defs.get_schema(name, version, domain)
+        same = (len(existing.outputs) == num_outputs
+                and {a: existing.attributes[a].type for a in existing.attributes} == attr_types)
+        if same:
+            return
+        onnx.defs.deregister_schema(name, version, domain)
+    formal = onnx.defs.OpSchema.FormalParameter
+    schema = onnx.defs.OpSchema(
+        name, domain, version,
+        inputs=[formal("inputs", "T", param_option=onnx.defs.OpSchema.FormalParameterOption
+                       .Variadic, is_homogeneous=False)],
+        outputs=[formal(f"output{i}", f"T{i}") for i in range(num_outputs)],
+        type_constraints=[("T", _ONNX_TYPES, "")]
+        + [(f"T{i}", _ONNX_TYPES, "") for i in range(num_outputs)],
+        attributes=[onnx.defs.OpSchema.Attribute(k, t, "") for k, t in attr_types.items()],
+    )
+    onnx.defs.register_schema(schema)
+
+
+def _custom_torch_op(domain: str, name: str, version: int, num_outputs: int):
+    key = (domain, name, version, num_outputs)
+    if key in _CUSTOM_TORCH_OPS:
+        return _CUSTOM_TORCH_OPS[key]
+    from popart_backend import custom as backend_custom
+
+    mangled = re.sub(r"\W", "_", f"custom__{domain}__{name}__v{version}__n{num_outputs}")
+    returns = "Tensor" if num_outputs == 1 else f"({', '.join(['Tensor'] * num_outputs)})"
+    schema = f"(Tensor[] inputs, str attributes, str outputs) -> {returns}"
+
+    def as_result(tensors):
+        return tensors[0] if num_outputs == 1 else tuple(tensors)
+
+    def eager(inputs, attributes, outputs):
+        arrays = [x.detach().cpu().numpy() for x in inputs]
+        try:
+            results = backend_custom.run_forward(domain, name, version, json.loads(attributes),
+                                                 arrays)
+        except Exception as exc:
+            raise Error(f"custom_op '{domain}::{name}' (version {version}) cannot run on the "
+                        f"CPU: {exc}") from exc
+        return as_result([torch.from_numpy(np.array(r)) for r in results[:num_outputs]])
+
+    def fake(inputs, attributes, outputs):
+        specs = json.loads(outputs)
+        device = inputs[0].device if inputs else None
+        return as_result([torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+                          for shape, dtype in specs])
+
+    op = torch.library.custom_op(f"poptorch_lite::{mangled}", eager, mutates_args=(),
+                                 schema=schema)
+    op.register_fake(fake)
+
+    def setup_context(ctx, inputs, output):
+        xs, attributes, _ = inputs
+        outs = [output] if num_outputs == 1 else list(output)
+        ctx.save_for_backward(*xs, *outs)
+        ctx.num_inputs, ctx.attributes = len(xs), attributes
+
+    def backward(ctx, *grads):
+        saved = [t.detach().numpy() for t in ctx.saved_tensors]
+        xs, outs = saved[:ctx.num_inputs], saved[ctx.num_inputs:]
+        dys = [g.detach().numpy() if g is not None else np.zeros_like(o)
+               for g, o in zip(grads, outs)]
+        dxs = backend_custom.run_backward(domain, name, version, json.loads(ctx.attributes),
+                                          xs, outs, dys)
+        return [None if d is None else torch.from_numpy(np.array(d)) for d in dxs], None, None
+
+    op.register_autograd(backward, setup_context=setup_context)
+    opset = onnxscript_values.Opset(domain, version)
+
+    def translate(inputs, attributes, outputs):
+        return getattr(opset, name)(*inputs, **json.loads(attributes))
+
+    _CUSTOM_TORCH_OPS[key] = op
+    _CUSTOM_TRANSLATIONS[op._opoverload] = translate
+    return op
+
+
+def custom_op(inputs, name: str, domain: str, domain_version: int, example_outputs,
+              attributes: dict | None = None) -> list[torch.Tensor]:
+    """Call the backend custom op ``domain::name`` (popart_backend.custom, spec §7) (P61).
+
+    Returns a list of tensors shaped like ``example_outputs``. The op is traced into the ONNX
+    graph as a ``domain::name`` node carrying ``attributes`` (float, int, str or homogeneous
+    lists, ASCII) and runs with the registered backend op; an unregistered op is reported when
+    the model compiles. Run eagerly on CPU, it calls the registered op's numpy compute (and
+    its grad ops for autograd).
+    """
+    inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    if not inputs or not all(isinstance(x, torch.Tensor) for x in inputs):
+        raise Error(f"custom_op '{name}': inputs must be a non-empty list of tensors.")
+    outputs = (list(example_outputs) if isinstance(example_outputs, (list, tuple))
+               else [example_outputs])
+    if not outputs or not all(isinstance(x, torch.Tensor) for x in outputs):
+        raise Error(f"custom_op '{name}': example_outputs must be a non-empty list of tensors.")
+    if not isinstance(name, str) or not name.isidentifier() or not isinstance(domain, str):
+        raise ValueError(f"custom_op: name must be an identifier and domain a string, got "
+                         f"{name!r}, {domain!r}.")
+    attributes = dict(attributes or {})
+    attr_types = {key: _attribute_type(key, value) for key, value in attributes.items()}
+    values = {k: list(v) if isinstance(v, tuple) else v for k, v in attributes.items()}
+    version = int(domain_version)
+    _register_custom_schema(domain, name, version, len(outputs), attr_types)
+    op = _custom_torch_op(domain, name, version, len(outputs))
+    specs = json.dumps([[list(t.shape), str(t.dtype).removeprefix("torch.")] for t in outputs])
+    result = op(inputs, json.dumps(values, sort_keys=True), specs)
+    return [result] if len(outputs) == 1 else list(result)
+
+
 def translation_table() -> dict:
     """``custom_translation_table`` entries for ``torch.onnx.export``."""
-    return {torch.ops.poptorch_lite.identity_loss.default: _translate_identity_loss}
+    table = {torch.ops.poptorch_lite.identity_loss.default: _translate_identity_loss}
+    table.update(_CUSTOM_TRANSLATIONS)
+    return table

@@ -12,6 +12,14 @@ Training: after the last micro-batch of each accumulation window (a = af − 1, 
 the plan's accumulate outer fragment runs (optimizer step, accumulator reset). Before every
 micro-batch the device writes the random-seed variable (user seed, micro-batch counter), so
 seeded ops draw new values each micro-batch and replay them after ``set_seed``.
+
+Pipelined programs (spec §5.1, DESIGN decision 7) run the cycle schedule literally: per
+window (one weight update with accumulation, else the whole step) and replica, cycle c of
+``G + P - 1`` runs, in stage order, every stage s with ``s <= c < s + G`` on micro-batch
+``c - s`` (its host inputs first, its anchors after), then the stages' inter-IPU copies,
+highest stage first so each copy reads the value of the previous cycle, as the parallel
+hardware exchange does. Without accumulation each backward stage updates its weights as it
+runs, so in-flight micro-batches see stale weights exactly as on the hardware.
 """
 
 from __future__ import annotations
@@ -42,9 +50,15 @@ class SimulatedDevice:
     def __init__(self, program: Program, synthetic: str = "off", seed: int = 0):
         self.program = program
         self.synthetic = synthetic
-        self.plan = ExecutionPlan(program.graph, keep=[a.id for a in program.anchors],
-                                  order=program.schedule)
+        self.plan = ExecutionPlan(program.graph,
+                                  keep=[a.id for a in program.anchors] + list(program.persistent),
+                                  order=program.schedule, num_stages=program.num_stages)
         self._input_slots = [self.plan.slot[i.id] for i in program.inputs]
+        # Ops that need facts about the device running them (custom ops: replica count).
+        for op in program.schedule:
+            bind = getattr(op, "bind_program", None)
+            if bind is not None:
+                bind(program)
         self._generator = torch.Generator()
         self._generator.manual_seed(seed)
         self._zero_inputs = [
@@ -120,7 +134,9 @@ class SimulatedDevice:
 
     def run(self, stepio) -> None:
         """Execute bps × af × rf micro-batches, reading and writing ``stepio``."""
-        if isinstance(stepio, PyStepIOCallback):
+        if self.program.num_stages and isinstance(stepio, (PyStepIO, PyStepIOCallback)):
+            self._run_pipelined(stepio)
+        elif isinstance(stepio, PyStepIOCallback):
             self._run_callbacks(stepio)
         elif isinstance(stepio, PyStepIO):
             self._run_arrays(stepio)
@@ -181,6 +197,80 @@ class SimulatedDevice:
         # Offsets move only after a complete run, so a failed run leaves the step IO as it was.
         stepio.input_offsets.update(in_offsets)
         stepio.output_offsets.update(out_offsets)
+
+    def pipeline_cycles(self) -> list[list[tuple[int, int]]]:
+        """Per cycle of one pipeline run, the (stage, micro-batch within the run) pairs it
+        executes, in execution order (spec §5.1)."""
+        p = self.program
+        stages, depth = p.num_stages, p.pipeline_depth
+        return [[(s, c - s) for s in range(stages) if s <= c < s + depth]
+                for c in range(depth + stages - 1)]
+
+    def _run_pipelined(self, stepio) -> None:
+        p = self.program
+        callbacks = isinstance(stepio, PyStepIOCallback)
+        feeds = self._synthetic_feeds()
+        in_offsets, out_offsets, destinations = {}, {}, None
+        if not callbacks:
+            if feeds is None:
+                feeds, in_offsets = _bind_inputs(p, stepio)
+            destinations, out_offsets = _bind_outputs(p, stepio)
+        bps, af, rf = p.batches_per_step, p.accumulation_factor, p.replication_factor
+        accumulated = p.has_outer_fragment
+        windows = bps if accumulated else 1
+        plan, values = self.plan, self.plan.values
+        execute = plan.execute_in_no_grad
+        stage_inputs = [[(self._input_slots[i], i) for i, st in enumerate(p.input_stages)
+                         if st == s] for s in range(p.num_stages)]
+        stage_actions = [[[a for a in self._actions[k] if p.anchor_stages[a[2]] == s]
+                          for s in range(p.num_stages)] for k in range(p.micro_batches_per_run)]
+        cycles = self.pipeline_cycles()
+        seed_base = self._micro_batch_counter
+        with torch.inference_mode(False), torch.no_grad():
+            for w in range(windows):
+                for r in range(rf):
+                    for cycle in cycles:
+                        for s, i in cycle:
+                            # Micro-batch k = (b·af + a)·rf + r of the run (see module doc).
+                            k = ((w * af + i) if accumulated else i * af) * rf + r
+                            for slot, index in stage_inputs[s]:
+                                values[slot] = (feeds[index][k] if feeds is not None else
+                                                _callback_feed(stepio, p.inputs[index]))
+                            if self._seed is not None:
+                                self._seed[1] = seed_base + k
+                            execute(plan.stage_steps[s])
+                            if stage_actions[k][s]:
+                                self._emit(stage_actions[k][s], destinations, stepio)
+                        for s, _ in reversed(cycle):
+                            execute(plan.copy_steps[s])
+                if self._outer_steps is not None:
+                    execute(self._outer_steps)
+        self._micro_batch_counter = seed_base + p.micro_batches_per_run
+        if not callbacks:
+            stepio.input_offsets.update(in_offsets)
+            stepio.output_offsets.update(out_offsets)
+
+    def _emit(self, actions, destinations, stepio) -> None:
+        """Apply one micro-batch's anchor writes (to host arrays, or through callbacks)."""
+        values, accumulators = self.plan.values, self._accumulators
+        for kind, source, index, j in actions:
+            value = values[source]
+            if kind == _ACC_SET:
+                accumulators[index][j].copy_(value)
+                continue
+            if kind == _ACC_ADD:
+                accumulators[index][j].add_(value)
+                continue
+            if kind == _ACC_FLUSH:
+                accumulators[index][j].add_(value)
+                value = accumulators[index][j]
+            if destinations is not None:
+                destinations[index][j].copy_(value)
+                continue
+            anchor = self.program.anchors[index]
+            array = stepio.output_callback(anchor.id)
+            _callback_output(anchor, array).copy_(value)
+            stepio.output_complete_callback(anchor.id)
 
     def _run_callbacks(self, stepio: PyStepIOCallback) -> None:
         p = self.program
@@ -350,6 +440,13 @@ def _chunks(kind: str, tensor_id: str, array: np.ndarray, info, count: int, offs
         return whole, 0
     chunks = [whole[(start + i) % num_chunks] for i in range(count)]
     return chunks, ((start + count) % num_chunks) * nelms
+
+
+def _callback_feed(stepio: PyStepIOCallback, stream: InputStream) -> torch.Tensor:
+    """One micro-batch of ``stream`` from the user's input callback."""
+    value = _callback_input(stream, stepio.input_callback(stream.id, False))
+    stepio.input_complete_callback(stream.id)
+    return value
 
 
 def _callback_input(stream: InputStream, array) -> torch.Tensor:

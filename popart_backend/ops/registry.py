@@ -54,6 +54,18 @@ def register_op(op_type: str, versions: Iterable[int] | int, domain: str = AI_ON
     return decorate
 
 
+def unregister_op(op_type: str, version: int, domain: str = AI_ONNX) -> type[Op] | None:
+    """Remove and return the class registered for (domain, type, version), None if absent.
+
+    Only custom ops (``popart_backend.custom``) replace registrations; built-in ops never do.
+    """
+    table = _REGISTRY.get((normalize_domain(domain), op_type), {})
+    cls = table.pop(version, None)
+    if not table:
+        _REGISTRY.pop((normalize_domain(domain), op_type), None)
+    return cls
+
+
 def registered_versions(op_type: str, domain: str = AI_ONNX) -> list[int]:
     return sorted(_REGISTRY.get((normalize_domain(domain), op_type), {}))
 
@@ -131,7 +143,14 @@ def _similar(op_type: str, domain: str) -> str:
 
 
 def make_attrs(cls: type[Op], version: int, values: dict, where: str):
-    """Fill the op's Attrs dataclass from ONNX attribute values; unknown names are rejected."""
+    """Fill the op's Attrs dataclass from ONNX attribute values; unknown names are rejected.
+
+    An op class whose attributes are not a fixed dataclass (custom ops take any attributes
+    their OpDefinition allows) provides ``build_attrs(version, values, where)`` instead.
+    """
+    build_attrs = getattr(cls, "build_attrs", None)
+    if build_attrs is not None:
+        return build_attrs(version, dict(values), where)
     attrs_type = cls.attrs_type(version)
     aliases = cls.attr_aliases()
     values = {aliases.get(k, k): v for k, v in values.items()}

@@ -28,15 +28,23 @@ from .fuse_gelu import FuseGelu
 from .fuse_layer_norm import FuseLayerNorm
 from .fuse_matmul_add import FuseMatMulAdd
 from .grad_accumulation import AccumulateGradients, ResetAccumulators, reduction_factors
+from .inplace import InplaceVariants
+from .ipu_copy import InsertIpuCopies
+from .pipelining import AssignPipelineStages, InsertPipelineStashes
 from .random_seed import WireRandomSeed
+from .recompute import Recompute
 from .training_semantics import TrainingSemantics
+from .virtual_graphs import AssignVirtualGraphs, Placement, PlaceRemainingOps
 
 _log = logging.getLogger("popart:transform")
 
 
-def inference_passes(options=None) -> list:
-    """Passes for an InferenceSession, in order. ``options`` is the session's SessionOptions."""
-    return [
+def inference_passes(options=None, ipus_per_replica: int = 1,
+                     batches_per_step: int = 1) -> list:
+    """Passes for an InferenceSession, in order. ``options`` is the session's SessionOptions;
+    ``ipus_per_replica`` (device IPUs ÷ replicas) and ``batches_per_step`` serve virtual graphs
+    and pipelining."""
+    passes = [
         FoldConstants(),
         # Compile-time fusions (DESIGN decision 9); BN folding must precede Conv+Relu.
         FoldBatchNormIntoConv(),
@@ -47,11 +55,30 @@ def inference_passes(options=None) -> list:
         FuseAttention(),
         # Random ops (RandomNormal, Bernoulli ...) read the session seed in inference too.
         WireRandomSeed(),
+        InplaceVariants(),
     ]
+    if options is None:
+        return passes
+    placement = Placement(options.virtualGraphMode, ipus_per_replica, options.enablePipelining)
+    # Placement follows the fusions, which keep the settings of the ops they replace.
+    return [*passes, AssignVirtualGraphs(placement)] + multi_ipu_passes(
+        options, placement, None, batches_per_step, "batchesPerStep")
+
+
+def multi_ipu_passes(options, placement: Placement, loss_id: str | None, depth: int,
+                     depth_name: str) -> list:
+    """The passes after the session's own: placement of the ops they added, pipeline stages,
+    recomputation (training only), then stashes and inter-IPU copies (spec §3.4, §5.1, §5.2)."""
+    passes = [PlaceRemainingOps(placement),
+              AssignPipelineStages(options, placement, loss_id, depth, depth_name)]
+    if loss_id is not None:
+        passes.append(Recompute(options.autoRecomputation, placement))
+    return passes + [InsertPipelineStashes(placement), InsertIpuCopies(placement)]
 
 
 def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
-                    replication_factor: int = 1) -> list:
+                    replication_factor: int = 1, ipus_per_replica: int = 1,
+                    batches_per_step: int = 1) -> list:
     """Passes for a TrainingSession, in order (docs/training.md).
 
     ``optimizer`` provides ``apply``, ``getLossScalingVal`` and ``loss_scaling_is_const``
@@ -63,7 +90,9 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     loss_scaling = float(optimizer.getLossScalingVal())
     const_scaling = optimizer.loss_scaling_is_const()
     autodiff = Autodiff(loss_id, loss_scaling * loss_factor if const_scaling else loss_factor)
-    passes: list = [FoldConstants(), TrainingSemantics(), autodiff]
+    placement = Placement(options.virtualGraphMode, ipus_per_replica, options.enablePipelining)
+    # Virtual graphs before autodiff: every gradient op inherits its forward op's IPU.
+    passes: list = [FoldConstants(), TrainingSemantics(), AssignVirtualGraphs(placement), autodiff]
     if not const_scaling:
         passes.append(SeedLossScaling(loss_id, loss_scaling))
     grads = lambda: trained_weights(autodiff)  # noqa: E731 - filled when autodiff runs
@@ -82,7 +111,12 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     if accumulation is not None:
         passes.append(ResetAccumulators(accumulation))
     passes.append(WireRandomSeed())
-    return passes
+    passes.append(InplaceVariants())
+    if options.enableGradientAccumulation:
+        depth, depth_name = accumulation_factor, "gradient accumulation factor"
+    else:
+        depth, depth_name = batches_per_step, "batchesPerStep"
+    return passes + multi_ipu_passes(options, placement, loss_id, depth, depth_name)
 
 
 def trained_weights(autodiff: Autodiff) -> dict[str, str]:

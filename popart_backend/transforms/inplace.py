@@ -1,0 +1,58 @@
+"""Switch ops to their in-place variants where no other reader can notice (PopART's InPlace).
+
+An op offers variants through ``inplace_variants() -> [(opid, priority)]`` (best first by
+priority) and ``make_inplace(opid)``, which turns it into the variant: the same node, whose
+kernel now writes the inputs listed in ``modifies_inputs`` and returns them as outputs. Today
+custom ops (``popart_backend.custom``) offer variants; built-in ops do not.
+
+A variant is used only when each input it modifies is an activation that this op alone reads,
+that is not anchored and not a graph output, and whose producer declares ``fresh_outputs``
+(its outputs never alias a weight, a constant or a host buffer; many built-in kernels return
+their input itself, so they do not qualify): then nothing can observe the overwritten value,
+and no scheduling constraint is needed. In training the pass runs after autodiff, so a grad op reading the forward input
+counts as a second reader and keeps the op out of place.
+
+Before:  a = Add(x, b)                  After:  a = Add(x, b)
+         y = Scale(a)                           y = ScaleInplace(a)   # writes a's storage
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..ir.ir import Ir
+
+_log = logging.getLogger("popart:transform")
+
+
+class InplaceVariants:
+    """Pass: replace ops by their best in-place variant when it is safe."""
+
+    name = "inplace_variants"
+
+    def run(self, ir: Ir) -> bool:
+        graph = ir.main
+        protected = set(graph.outputs) | set(ir.anchors)
+        changed = False
+        for op in graph.topo_order():
+            variants = getattr(op, "inplace_variants", None)
+            if variants is None:
+                continue
+            for opid, _priority in sorted(variants(), key=lambda v: -float(v[1])):
+                modified = op.inplace_modifies(opid)
+                if all(self._safe(op, i, protected) for i in modified):
+                    _log.debug("inplace: %s becomes %s", op.debug_name, opid)
+                    op.make_inplace(opid)
+                    changed = True
+                    break
+        return changed
+
+    @staticmethod
+    def _safe(op, index: int, protected: set[str]) -> bool:
+        tensor = op.inputs[index] if index < len(op.inputs) else None
+        return (tensor is not None
+                and tensor.producer is not None
+                and getattr(tensor.producer, "fresh_outputs", False)
+                and tensor.id not in protected
+                and len(tensor.consumers) == 1
+                and tensor.producer.settings.execution_context is op.settings.execution_context)
