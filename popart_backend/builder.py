@@ -87,6 +87,10 @@ class Builder(BuilderAnnotations):
                 if out:
                     self._ids.add(out)
                     self._producer[out] = node
+        # Subgraph builders (createSubgraphBuilder) share one id space with their root: ONNX
+        # names are unique across a model and its subgraphs.
+        self._parent: Builder | None = None
+        self._taken: set[str] = set(self._ids)
         for domain, version in (opsets or {}).items():
             self._fix_opset(AI_ONNX if domain in ("", AI_ONNX) else domain, int(version))
 
@@ -178,10 +182,11 @@ class Builder(BuilderAnnotations):
 
     def _unique_id(self, base: str) -> str:
         candidate, n = base, 0
-        while candidate in self._ids:
+        while candidate in self._ids or candidate in self._taken:
             n += 1
             candidate = f"{base}/{n}"
         self._ids.add(candidate)
+        self._taken.add(candidate)
         return candidate
 
     def _unique_node_name(self, base: str) -> str:
@@ -196,7 +201,7 @@ class Builder(BuilderAnnotations):
         self._revision += 1
 
     def _check_known(self, ids: Iterable[str], where: str) -> None:
-        unknown = [i for i in ids if i and i not in self._ids]
+        unknown = [i for i in ids if i and not self._visible(i)]
         if unknown:
             raise popart_exception(
                 f"{where}: input(s) {unknown} are not tensors of this builder. Use ids returned "
@@ -426,11 +431,72 @@ class Builder(BuilderAnnotations):
     def setGraphName(self, name: str) -> None:  # noqa: N802
         self._graph.name = name
 
+    # --- subgraphs (F23) ---------------------------------------------------------------------
+
     def createSubgraphBuilder(self) -> "Builder":  # noqa: N802
-        raise popart_exception(
-            "createSubgraphBuilder() is not supported yet: subgraph ops (call, logical_if, loop, "
-            "scan; F23) cannot be built with popart_backend's Builder."
-        )
+        """A child builder whose graph is passed to ``logical_if``, ``loop``, ``scan`` or
+        ``aiGraphcore.call``. It shares the model's opsets and id space; its ops may read the
+        tensors of enclosing builders (``addInputTensorFromParentGraph`` declares one, as
+        PopART asks). Its ``addInputTensor`` / ``addUntypedInputTensor`` add the subgraph's
+        formal inputs, ``addOutputTensor`` its outputs."""
+        child = Builder.__new__(Builder)
+        child._opsets = self._opsets  # one opset per domain for the model and its subgraphs
+        child._used_domains = self._used_domains
+        child._external_dir = None
+        child._context = {}
+        child._name_scopes = []
+        child._opset_objects = {}
+        child._analysis = None
+        child._ir_cache = None
+        child._revision = 0
+        child._model = helper.make_model(helper.make_graph([], "subgraph", [], []))
+        child._new_model = True
+        child._graph = child._model.graph
+        child._ids = set()
+        child._node_names = self._node_names
+        child._producer = {}
+        child._parent = self
+        child._taken = self._taken
+        count = getattr(self, "_subgraph_count", 0)
+        self._subgraph_count = count + 1
+        child.setGraphName(f"{self._graph.name or 'graph'}_subgraph{count}")
+        return child
+
+    def _visible(self, tensor_id: str) -> bool:
+        """A tensor of this builder or of an enclosing one (ONNX outer-scope reference)."""
+        parent = self._parent
+        return tensor_id in self._ids or (parent is not None and parent._visible(tensor_id))
+
+    def addInputTensorFromParentGraph(self, tensorId: str) -> None:  # noqa: N802,N803
+        """Declare that this subgraph reads ``tensorId`` of an enclosing builder. ONNX reads it
+        by name from the enclosing graph, so nothing is added to the subgraph's inputs."""
+        if self._parent is None:
+            raise popart_exception(
+                f"addInputTensorFromParentGraph('{tensorId}'): this builder has no parent; call "
+                f"it on a builder made by createSubgraphBuilder()."
+            )
+        if not self._parent._visible(tensorId):
+            raise popart_exception(
+                f"addInputTensorFromParentGraph('{tensorId}'): the parent builder has no tensor "
+                f"'{tensorId}'."
+            )
+        self._ids.add(tensorId)
+
+    def addUntypedInputTensor(self, debugContext: str = "") -> str:  # noqa: N802,N803
+        """A subgraph input without type or shape: the op taking the subgraph gives them
+        (Loop's iteration number and condition, carried values, Scan slices)."""
+        tensor_id = self._unique_id(self._scope() + (debugContext or "input"))
+        self._graph.input.append(helper.make_empty_tensor_value_info(tensor_id))
+        self._changed()
+        return tensor_id
+
+    def subgraph_proto(self) -> onnx.GraphProto:
+        """A copy of this builder's graph, for a graph attribute of a subgraph op."""
+        if not self._graph.output:
+            raise popart_exception(
+                f"Subgraph '{self._graph.name}' has no outputs; mark them with addOutputTensor."
+            )
+        return copy.deepcopy(self._graph)
 
     def getTensorShape(self, tensorId: str) -> list[int]:  # noqa: N802,N803
         """Static shape of ``tensorId``: ONNX shape inference, else the backend's own (which
@@ -482,7 +548,7 @@ class Builder(BuilderAnnotations):
     def _import_for_analysis(self, tensor_id: str):
         """The backend's Ir of the part of the model ``tensor_id`` depends on (nodes after it,
         which may use ops without a kernel yet, do not matter)."""
-        from .onnx_import import LoadedModel, import_model
+        from .onnx_import import LoadedModel, _captured_names, import_model
 
         if self._ir_cache is None or self._ir_cache[0] != self._revision:
             self._ir_cache = (self._revision, {})
@@ -495,7 +561,7 @@ class Builder(BuilderAnnotations):
                 if node is None or any(n is node for n in nodes):
                     continue
                 nodes.append(node)
-                for name in node.input:
+                for name in (*node.input, *_captured_names(node)):
                     if name and name not in needed:
                         needed.add(name)
                         pending.append(name)

@@ -180,6 +180,11 @@ def make_attribute(name: str, value, attr_type: int, where: str) -> AttributePro
              for v in value],
             attr_type=attr_type,
         )
+    if attr_type == AttributeProto.GRAPH:
+        graph = value.subgraph_proto() if hasattr(value, "subgraph_proto") else value
+        if not isinstance(graph, onnx.GraphProto):
+            raise bad("a subgraph builder (builder.createSubgraphBuilder()) or a GraphProto")
+        return helper.make_attribute(name, graph)
     if attr_type in (AttributeProto.SPARSE_TENSOR, AttributeProto.TYPE_PROTO):
         return helper.make_attribute(name, value, attr_type=attr_type)
     raise popart_exception(
@@ -212,14 +217,8 @@ def spec_from_schema(schema: onnx.defs.OpSchema, version: int, domain: str) -> O
     ]
     # Required attributes first (they have no default), then alphabetical, as PopART generates.
     attrs.sort(key=lambda a: (a.name not in first, not a.required, a.name))
-    graph_types = (AttributeProto.GRAPH, AttributeProto.GRAPHS)
     unsupported = ""
-    if any(a.type in graph_types for a in attrs):
-        unsupported = (
-            f"{schema.name} takes subgraphs (F23), which the Builder does not build yet: "
-            f"createSubgraphBuilder() is not supported."
-        )
-    elif schema.deprecated:
+    if schema.deprecated:
         unsupported = f"{schema.name} is deprecated in {domain} opset {version}."
     return OpSpec(
         op_type=schema.name,
@@ -426,8 +425,14 @@ GRAPHCORE_SPECS: dict[str, OpSpec] = {
     "swish": _gc("Swish", 1),
 }
 
+# call(args, num_outputs, callee): the callee's inputs take ``args`` in order (F23).
+GRAPHCORE_SPECS["call"] = OpSpec(
+    "Call", AI_GRAPHCORE, 1, 0, 1 << 30, 1, 1 << 30,
+    attrs=(AttrSpec("callee", AttributeProto.GRAPH, REQUIRED),),
+    variable_outputs=True, write_defaults=True,
+)
+
 _GRAPHCORE_UNSUPPORTED = {
-    "call": "Call takes a subgraph (F23), which the Builder does not build yet.",
     "multiconv": "MultiConv is not supported by the Builder yet; use aiOnnx.conv per conv.",
     "packedDataBlock": "PackedDataBlock takes a callback subgraph (F23), not supported yet.",
 }
@@ -486,7 +491,7 @@ def bind_call(spec: OpSpec, where: str, args: tuple, kwargs: dict) -> BoundCall:
         )
     values = dict(zip(accepted, args))
     for key, value in kwargs.items():
-        if key == "debugPrefix":  # PopART's older spelling
+        if key in ("debugPrefix", "debugName"):  # PopART's older spellings
             key = "debugContext"
         elif key.endswith("_") and keyword.iskeyword(key[:-1]):
             key = key[:-1]  # ``lambda_=`` for an attribute named after a Python keyword

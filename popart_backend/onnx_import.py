@@ -2,6 +2,12 @@
 
 Constant folding runs while nodes are added, so an op needing a constant operand (Reshape's
 shape, Slice's starts ...) sees the folded value of the shape arithmetic before it.
+
+Graph attributes (If branches, Loop and Scan bodies, Call callees) become subgraphs of the Ir,
+imported with their formal inputs typed by the op; a name a subgraph reads from an enclosing
+graph becomes a captured input of the subgraph and an extra input of the op (constants are
+copied instead, so folding works inside bodies). An If whose condition is a constant is
+replaced by its chosen branch.
 """
 
 from __future__ import annotations
@@ -22,7 +28,10 @@ from .ir.ir import Ir
 from .ir.op import OpSettings, RecomputeType
 from .ir.tensor import TensorInfo, TensorKind
 from .ops.fused import FUSED_DOMAIN
-from .ops.registry import AI_ONNX, const_input_positions, make_attrs, normalize_domain, resolve
+from .ops.control_flow import SubgraphOp
+from .ops.registry import (
+    AI_ONNX, const_input_positions, create_op, make_attrs, normalize_domain, resolve,
+)
 from .transforms.const_fold import try_fold
 from .onnx_sequences import StaticSequences
 
@@ -197,22 +206,12 @@ def import_model(
         graph.add_tensor(value_info.name, tensor_info_of(value_info, shape_info), TensorKind.STREAM)
         graph.inputs.append(value_info.name)
 
-    sequences = StaticSequences(graph)
+    scope = _Scope(ir, graph, strict_op_versions)
     for node in _nodes_in_order(proto.graph):
-        if sequences.handles(node):
-            values = {a.name: attribute_value(a) for a in node.attribute}
-            sequences.add(node, values, node_settings(node, {}))
-            continue
-        for name in node.input:
-            if sequences.is_sequence(name):
-                raise UnsupportedOpError(
-                    f"{node.op_type} '{node.name}' reads the sequence '{name}'; only the ONNX "
-                    f"sequence ops may consume sequences on the simulated IPU."
-                )
-        add_node(ir, node, strict_op_versions)
+        scope.add(node)
 
     for out in proto.graph.output:
-        if sequences.is_sequence(out.name):
+        if scope.sequences.is_sequence(out.name):
             raise UnsupportedOpError(
                 f"Graph output '{out.name}' is a sequence; outputs must be tensors."
             )
@@ -222,8 +221,11 @@ def import_model(
     return ir
 
 
-def add_node(ir: Ir, node: onnx.NodeProto, strict: bool = True):
-    """Resolve, create and connect the op of one NodeProto, folding it when constant."""
+def add_node(ir: Ir, node: onnx.NodeProto, strict: bool = True, scope: "_Scope | None" = None):
+    """Resolve, create and connect the op of one NodeProto, folding it when constant.
+
+    ``scope`` is the graph being imported (default: the main graph); subgraph attributes of
+    the node are imported into subgraphs of ``ir`` as the op's bodies (ops.control_flow)."""
     domain = normalize_domain(node.domain)
     if domain == FUSED_DOMAIN:
         raise ModelError(
@@ -244,13 +246,148 @@ def add_node(ir: Ir, node: onnx.NodeProto, strict: bool = True):
         target[attr.name] = attribute_value(attr)
     attrs = make_attrs(cls, version, values, where)
     op = cls(attrs, node_settings(node, annotations), version)
-    graph = ir.main
+    graph = scope.graph if scope is not None else ir.main
     for name in node.input:
+        if name and scope is not None:
+            scope.lookup(name, where)
         if name and name not in graph.tensors:
             raise ModelError(f"{where}: input '{name}' is not produced by any node or input.")
-    graph.add_op(op, list(node.input), list(node.output))
+    inputs = list(node.input)
+    if issubclass(cls, SubgraphOp):
+        if scope is None:
+            scope = _Scope(ir, graph, strict)
+        operands = [graph.tensors[n].info if n else None for n in node.input]
+        bodies = {}
+        for name in cls.body_attrs:
+            bodies[name] = scope.import_body(
+                values[name], op.body_input_infos(name, operands), f"{where} {name}", node, name
+            )
+        op.attrs = dataclasses.replace(attrs, **bodies)
+        inputs += op.captured_ids()
+    graph.add_op(op, inputs, list(node.output))
     try_fold(graph, op)
     return op
+
+
+class _Scope:
+    """One graph being imported, inside the scopes of its enclosing graphs (ONNX lexical
+    scoping: a body may read any tensor of an enclosing graph by name)."""
+
+    def __init__(self, ir: Ir, graph, strict: bool, parent: "_Scope | None" = None):
+        self.ir = ir
+        self.graph = graph
+        self.strict = strict
+        self.parent = parent
+        self.sequences = StaticSequences(graph)
+
+    def add(self, node: onnx.NodeProto) -> None:
+        """Import one node: a sequence op, a constant If (inlined) or an op."""
+        if self.sequences.handles(node):
+            values = {a.name: attribute_value(a) for a in node.attribute}
+            self.sequences.add(node, values, node_settings(node, {}))
+            return
+        for name in node.input:
+            if self.sequences.is_sequence(name):
+                raise UnsupportedOpError(
+                    f"{node.op_type} '{node.name}' reads the sequence '{name}'; only the ONNX "
+                    f"sequence ops may consume sequences on the simulated IPU."
+                )
+        if node.op_type == "If" and normalize_domain(node.domain) == AI_ONNX and node.input:
+            self.lookup(node.input[0], f"If '{node.name}'")
+            cond = self.graph.tensors.get(node.input[0])
+            if cond is not None and cond.is_const:
+                self._inline_if(node, bool(np.asarray(cond.data).all()))
+                return
+        add_node(self.ir, node, self.strict, self)
+
+    def lookup(self, name: str, where: str) -> None:
+        """Make ``name`` a tensor of this graph: a captured input (or a copied constant) when
+        an enclosing graph holds it. Unknown names are left for the caller to report."""
+        if name in self.graph.tensors or self.parent is None:
+            return
+        if self.parent.sequences.is_sequence(name):
+            raise UnsupportedOpError(
+                f"{where}: reads the sequence '{name}' of an enclosing graph; subgraphs may only "
+                f"read tensors of enclosing graphs."
+            )
+        self.parent.lookup(name, where)
+        outer = self.parent.graph.tensors.get(name)
+        if outer is None:
+            return
+        if outer.is_const:
+            self.graph.add_const(name, outer.data)
+        else:
+            self.graph.add_tensor(name, outer.info, TensorKind.STREAM)
+            self.graph.inputs.append(name)
+
+    def import_body(self, proto: onnx.GraphProto, input_infos: list[TensorInfo], where: str,
+                    node: onnx.NodeProto, attr: str):
+        """The Body of a GraphProto attribute, its formal inputs typed ``input_infos``."""
+        from .ops.control_flow import Body
+
+        if not isinstance(proto, onnx.GraphProto):
+            raise ModelError(
+                f"{where}: attribute '{attr}' must be a graph, got {type(proto).__name__}."
+            )
+        if len(proto.input) != len(input_infos):
+            raise ModelError(
+                f"{where}: the body declares {len(proto.input)} inputs, the op binds "
+                f"{len(input_infos)} ({[str(i) for i in input_infos]})."
+            )
+        base = f"{self.graph.id}/{node.name or node.output[0]}/{attr}"
+        graph_id, n = base, 0
+        while graph_id in self.ir.graphs:
+            n += 1
+            graph_id = f"{base}__{n}"
+        body = _Scope(self.ir, self.ir.create_graph(graph_id), self.strict, self)
+        for value_info, info in zip(proto.input, input_infos):
+            body.graph.add_tensor(value_info.name, info, TensorKind.STREAM)
+            body.graph.inputs.append(value_info.name)
+        body._add_graph_content(proto, where)
+        return Body(body.graph, len(input_infos))
+
+    def _add_graph_content(self, proto: onnx.GraphProto, where: str) -> None:
+        """Initializers, nodes and outputs of a subgraph into this scope's graph."""
+        for init in proto.initializer:
+            self.graph.add_const(init.name, numpy_helper.to_array(init).copy())
+        for node in _nodes_in_order(proto, outer_ok=True):
+            self.add(node)
+        for out in proto.output:
+            self._add_output(out.name, where)
+
+    def _add_output(self, name: str, where: str) -> None:
+        if self.sequences.is_sequence(name):
+            raise UnsupportedOpError(
+                f"{where}: body output '{name}' is a sequence; outputs must be tensors."
+            )
+        self.lookup(name, where)
+        if name not in self.graph.tensors:
+            raise ModelError(f"{where}: body output '{name}' is not produced by any node or input.")
+        self.graph.outputs.append(name)
+
+    def _inline_if(self, node: onnx.NodeProto, cond: bool) -> None:
+        """An If with a constant condition: the chosen branch's nodes join this graph and
+        Identity ops give its outputs the If's output names."""
+        attrs = {a.name: attribute_value(a) for a in node.attribute}
+        branch = attrs["then_branch" if cond else "else_branch"]
+        where = f"If '{node.name or node.output[0]}'"
+        if len(branch.output) < len([o for o in node.output if o]):
+            raise ModelError(
+                f"{where}: the chosen branch has {len(branch.output)} outputs, the node "
+                f"{len(node.output)}."
+            )
+        for init in branch.initializer:
+            self.graph.add_const(init.name, numpy_helper.to_array(init).copy())
+        for inner in _nodes_in_order(branch, outer_ok=True):
+            self.add(inner)
+        settings = node_settings(node, {})
+        for out, name in zip(node.output, (o.name for o in branch.output)):
+            if not out:
+                continue
+            self.lookup(name, where)
+            identity = create_op("Identity", settings=settings, where=where)
+            self.graph.add_op(identity, [name], [out])
+            try_fold(self.graph, identity)
 
 
 def _weight_uses(graph: onnx.GraphProto, opsets: dict[str, int]) -> set[str]:
@@ -261,24 +398,50 @@ def _weight_uses(graph: onnx.GraphProto, opsets: dict[str, int]) -> set[str]:
             node.op_type, normalize_domain(node.domain), opsets.get(normalize_domain(node.domain), 0)
         )
         used.update(n for i, n in enumerate(node.input) if n and i not in const_positions)
+        used.update(_captured_names(node))
     return used
 
 
-def _nodes_in_order(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """Nodes in topological order (ONNX requires it, but some producers do not comply)."""
+def _captured_names(node: onnx.NodeProto) -> set[str]:
+    """Names the subgraphs of ``node`` read from enclosing graphs."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        graphs = list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else (
+            [attr.g] if attr.type == onnx.AttributeProto.GRAPH else [])
+        for sub in graphs:
+            defined = {i.name for i in sub.input} | {i.name for i in sub.initializer} | {""}
+            defined |= {o for n in sub.node for o in n.output}
+            reads = {n for inner in sub.node for n in inner.input} | {o.name for o in sub.output}
+            reads |= {n for inner in sub.node for n in _captured_names(inner)}
+            names |= reads - defined
+    return names
+
+
+def _nodes_in_order(graph: onnx.GraphProto, outer_ok: bool = False) -> list[onnx.NodeProto]:
+    """Nodes in topological order (ONNX requires it, but some producers do not comply).
+
+    A node waits for its inputs and for what its subgraphs read from this graph. With
+    ``outer_ok`` (subgraphs) names no node of ``graph`` produces come from enclosing graphs."""
     known = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    if outer_ok:
+        produced = {o for n in graph.node for o in n.output}
+        known |= {n for node in graph.node for n in (*node.input, *_captured_names(node))
+                  if n not in produced}
     pending = list(graph.node)
     ordered = []
     while pending:
         rest = []
         for node in pending:
-            if all(n in known for n in node.input):
+            if all(n in known for n in node.input) and all(
+                n in known for n in _captured_names(node)
+            ):
                 ordered.append(node)
                 known.update(node.output)
             else:
                 rest.append(node)
         if len(rest) == len(pending):
-            missing = sorted({n for node in rest for n in node.input if n not in known})
+            missing = sorted({n for node in rest for n in (*node.input, *_captured_names(node))
+                              if n not in known})
             raise ModelError(
                 f"{len(rest)} node(s) read tensors no node or input produces: {missing[:10]}. "
                 f"First: {rest[0].op_type} '{rest[0].name}'."

@@ -254,10 +254,10 @@ def test_f18_one_onnx_opset_per_builder():
         (lambda b, x: b.aiOnnx.relu([x], "dbg", 3), "at most 2 positional arguments"),
         (lambda b, x: b.aiOnnx.transpose([x], perm=[0, 1], debugContext=3),
          "debugContext must be a string"),
-        (lambda b, x: b.aiOnnx.logical_if([x], 1), "takes subgraphs"),
-        (lambda b, x: b.aiGraphcore.call([x], 1), "Call takes a subgraph"),
+        (lambda b, x: b.aiOnnx.logical_if([x], 1), "attribute 'else_branch' must be given"),
+        (lambda b, x: b.aiGraphcore.call([x], 1), "attribute 'callee' must be given"),
         (lambda b, x: b.aiGraphcore.scale([x]), "attribute 'scale' must be given"),
-        (lambda b, x: b.createSubgraphBuilder(), "createSubgraphBuilder.*not supported yet"),
+        (lambda b, x: b.aiOnnx.loop(["", "", x], 1, "body"), "expects a subgraph builder"),
     ],
 )
 def test_f17_call_validation(call, match):

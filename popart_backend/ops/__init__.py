@@ -19,3 +19,12 @@ from . import random  # noqa: F401
 from . import resize  # noqa: F401
 from . import accumulate  # noqa: F401
 from . import optimizer_updates  # noqa: F401
+from . import graphcore  # noqa: F401
+from . import control_flow  # noqa: F401
+from . import random_ops  # noqa: F401
+from . import misc  # noqa: F401
+from . import rnn  # noqa: F401
+from . import dynamic_slice  # noqa: F401
+from . import ctc  # noqa: F401
+from . import ipu_copy  # noqa: F401
+from . import stash  # noqa: F401

@@ -1,0 +1,668 @@
+"""Subgraph ops (spec F23): If, Loop, Scan (ai.onnx) and Call (ai.graphcore).
+
+A subgraph is an IR Graph of the op's own Ir (``Ir.create_graph``), held in a ``Body``: the
+graph plus how many of its leading inputs are *formal*, i.e. bound to the op's operands (Loop's
+iteration number, condition and carried values; Scan's states and slices; Call's arguments).
+The body's other inputs are *captured*: tensors of an enclosing graph the body reads by name
+(ONNX outer-scope references). The op reads each captured tensor as an extra input of the same
+id, appended after its ONNX operands, so the scheduler and the liveness see those reads.
+
+Each op compiles one ExecutionPlan per body on its first execution and reuses it: running a
+body is binding its inputs, executing the steps and reading its outputs.
+
+Static shapes (the simulated IPU has no dynamic shapes):
+
+- If: both branches must produce the same shapes; the importer folds an If whose condition is
+  a constant to the chosen branch (exporters emit those), so only real runtime Ifs remain.
+- Loop: carried values keep their shape across iterations. Scan outputs need a trip count known
+  at compile time: a constant M and a condition that stays true (absent, or passed through
+  unchanged by the body). A data-dependent condition is fine for carried values only.
+- Scan: every version (8 with a batch axis and sequence_lens, 9+ with axes and directions).
+
+Gradients: If and Call differentiate their bodies with a nested autodiff (``GradBuilder.
+differentiate``) into gradient bodies run by an If / Call of the same condition / arguments.
+Loop and Scan are not differentiable yet and say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..dtypes import DataType
+from ..errors import ShapeError, UnsupportedOpError, popart_exception
+from ..ir.graph import Graph
+from ..ir.op import Op
+from ..ir.tensor import TensorInfo, TensorKind
+from .base import normalize_axis
+from .registry import AI_GRAPHCORE, create_op, register_op
+
+_BOOL_SCALAR = TensorInfo(DataType.BOOL, ())
+_INT64_SCALAR = TensorInfo(DataType.INT64, ())
+
+
+@dataclass(frozen=True, eq=False)
+class Body:
+    """A subgraph of an op: ``graph.inputs`` are its formal inputs, then its captured ones."""
+
+    graph: Graph
+    num_formal: int
+
+    @property
+    def formal(self) -> list[str]:
+        return self.graph.inputs[: self.num_formal]
+
+    @property
+    def captured(self) -> list[str]:
+        return self.graph.inputs[self.num_formal :]
+
+    @property
+    def outputs(self) -> list[str]:
+        return self.graph.outputs
+
+    def output_infos(self) -> list[TensorInfo]:
+        return [self.graph.tensors[t].info for t in self.graph.outputs]
+
+    def __repr__(self) -> str:
+        return f"Body({self.graph.id!r})"
+
+
+class SubgraphOp(Op):
+    """Base of ops holding bodies: captured inputs, body execution, printing and folding."""
+
+    # Names of the Attrs fields holding a Body, in the order their captured ids are appended.
+    body_attrs: tuple[str, ...] = ()
+
+    def bodies(self) -> list[Body]:
+        return [getattr(self.attrs, name) for name in self.body_attrs]
+
+    def body_input_infos(self, attr: str, operands: list[TensorInfo | None]) -> list[TensorInfo]:
+        """Infos of the formal inputs of body ``attr`` given the op's operand infos (import)."""
+        return []
+
+    def captured_ids(self) -> list[str]:
+        """The union of the bodies' captured ids, in body order: the op's trailing inputs."""
+        seen: list[str] = []
+        for body in self.bodies():
+            seen.extend(t for t in body.captured if t not in seen)
+        return seen
+
+    def split_inputs(self, infos: tuple) -> tuple[list, list]:
+        """(operand infos, captured infos); checks the trailing inputs are the captured ids."""
+        captured = self.captured_ids()
+        count = len(infos) - len(captured)
+        tail = [t.id if t is not None else "" for t in self.inputs[count:]]
+        if count < 0 or tail != captured:
+            raise popart_exception(
+                f"{self.debug_name}: its trailing inputs {tail} must be the tensors its bodies "
+                f"read from the enclosing graph, {captured}."
+            )
+        return list(infos[:count]), list(infos[count:])
+
+    @property
+    def foldable(self) -> bool:  # a body drawing random numbers must run every time
+        return all(op.foldable for body in self.bodies() for op in body.graph.ops.values())
+
+    def attr_dict(self) -> dict:
+        # dataclasses.asdict would deep-copy the bodies' graphs; show their ids instead.
+        return {
+            f.name: (v.graph.id if isinstance(v, Body) else v)
+            for f in dataclasses.fields(self.attrs)
+            for v in [getattr(self.attrs, f.name)]
+        }
+
+    def run_body(self, body: Body, formal: list, captured: list) -> list[torch.Tensor]:
+        """Execute ``body`` once; ``captured`` are the op's captured input values, in op order."""
+        plans = self.__dict__.setdefault("_plans", {})
+        plan = plans.get(id(body))
+        if plan is None:
+            from ..device.plan import ExecutionPlan  # the device executes plans; ops hold them
+
+            plan = plans[id(body)] = ExecutionPlan(body.graph, keep=body.graph.outputs)
+            by_id = dict(zip(self.captured_ids(), range(len(captured))))
+            self.__dict__.setdefault("_bindings", {})[id(body)] = (
+                [plan.slot[t] for t in body.formal],
+                [(plan.slot[t], by_id[t]) for t in body.captured],
+                [plan.slot[t] for t in body.outputs],
+            )
+        formal_slots, captured_slots, output_slots = self._bindings[id(body)]
+        values = plan.values
+        for slot, value in zip(formal_slots, formal):
+            values[slot] = value
+        for slot, index in captured_slots:
+            values[slot] = captured[index]
+        plan.execute_in_no_grad(plan.steps)
+        return [values[s] for s in output_slots]
+
+    def result(self, values: list[torch.Tensor]):
+        """Kernel return value: one tensor for a one-output node, else a tuple."""
+        return values[0] if len(self.outputs) == 1 else tuple(values)
+
+    def body_flops(self, body: Body) -> tuple[int, int]:
+        flops = moved = 0
+        for op in body.graph.ops.values():
+            f, m = op.cost()
+            flops, moved = flops + f, moved + m
+        return flops, moved
+
+
+def _check_body_outputs(op: Op, body: Body, count: int, what: str) -> list[TensorInfo]:
+    infos = body.output_infos()
+    if len(infos) < count:
+        raise ShapeError(
+            f"{op.debug_name}: body '{body.graph.id}' has {len(infos)} outputs, at least {count} "
+            f"needed ({what})."
+        )
+    return infos
+
+
+# --- If --------------------------------------------------------------------------------------
+
+
+@register_op("If", versions=(1, 11, 13, 16, 19, 21))
+class If(SubgraphOp):
+    """outputs = then_branch() if cond else else_branch(); both branches have equal shapes."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        then_branch: Body
+        else_branch: Body
+
+    body_attrs = ("then_branch", "else_branch")
+
+    def infer(self, *infos):
+        operands, _ = self.split_inputs(infos)
+        if len(operands) != 1:
+            raise ShapeError(f"{self.debug_name}: takes one operand (cond), got {len(operands)}.")
+        cond = operands[0]
+        if cond is None or cond.dtype != DataType.BOOL or cond.nelms != 1:
+            raise ShapeError(f"{self.debug_name}: cond must be one bool, got {cond}.")
+        then_infos = self.attrs.then_branch.output_infos()
+        else_infos = self.attrs.else_branch.output_infos()
+        if then_infos != else_infos:
+            raise ShapeError(
+                f"{self.debug_name}: the branches produce different outputs: then "
+                f"{[str(i) for i in then_infos]}, else {[str(i) for i in else_infos]}. Shapes on "
+                f"the simulated IPU are static, so both branches must agree unless the condition "
+                f"is a constant (then the If folds to one branch)."
+            )
+        return then_infos
+
+    def kernel(self, cond, *captured):
+        body = self.attrs.then_branch if bool(cond) else self.attrs.else_branch
+        return self.result(self.run_body(body, [], list(captured)))
+
+    def cost(self):
+        return max((self.body_flops(b) for b in self.bodies()), default=(0, 0))
+
+    def grad(self, g):
+        wrt = _wanted(g, self, range(1, len(self.inputs)))
+        if not wrt:
+            return
+        seeds = _output_grads(g, self)
+        ids = [self.inputs[i].id for i in wrt]
+        infos = [self.inputs[i].info for i in wrt]
+        bodies = {
+            name: grad_body(g, self, getattr(self.attrs, name), seeds, ids, infos, f"{name}_grad")
+            for name in self.body_attrs
+        }
+        captured = _union(b.captured for b in bodies.values())
+        outs = g.op("If", g.input(0), *captured, num_outputs=len(ids), version=self.version,
+                    **bodies)
+        outs = [outs] if isinstance(outs, str) else outs
+        for index, grad_id in zip(wrt, outs):
+            g.set_input_grad(index, grad_id)
+
+
+# --- Call ------------------------------------------------------------------------------------
+
+
+@register_op("Call", versions=1, domain=AI_GRAPHCORE)
+class Call(SubgraphOp):
+    """outputs = callee(args): the callee's formal inputs take the op's operands in order."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        callee: Body
+
+    body_attrs = ("callee",)
+
+    def body_input_infos(self, attr, operands):
+        return list(operands)
+
+    def infer(self, *infos):
+        operands, _ = self.split_inputs(infos)
+        callee = self.attrs.callee
+        formal = [callee.graph.tensors[t].info for t in callee.formal]
+        if list(operands) != formal:
+            raise ShapeError(
+                f"{self.debug_name}: arguments {[str(i) for i in operands]} do not match the "
+                f"callee '{callee.graph.id}' inputs {[str(i) for i in formal]}."
+            )
+        return callee.output_infos()
+
+    def kernel(self, *xs):
+        n = self.attrs.callee.num_formal
+        return self.result(self.run_body(self.attrs.callee, list(xs[:n]), list(xs[n:])))
+
+    def cost(self):
+        return self.body_flops(self.attrs.callee)
+
+    def grad(self, g):
+        callee = self.attrs.callee
+        n = callee.num_formal
+        wrt = _wanted(g, self, range(len(self.inputs)))
+        if not wrt:
+            return
+        # Inside the callee an argument is its formal input; a captured tensor keeps its id.
+        local = [callee.formal[i] if i < n else self.inputs[i].id for i in wrt]
+        body = grad_body(g, self, callee, _output_grads(g, self), local,
+                         [self.inputs[i].info for i in wrt], "callee_grad", keep_formal=True)
+        args = [g.input(i) for i in range(n)]
+        outs = g.op("Call", *args, *body.captured, domain=AI_GRAPHCORE,
+                    num_outputs=len(local), callee=body)
+        outs = [outs] if isinstance(outs, str) else outs
+        for index, grad_id in zip(wrt, outs):
+            g.set_input_grad(index, grad_id)
+
+
+# --- gradient bodies -------------------------------------------------------------------------
+
+
+def _wanted(g, op: Op, indices) -> list[int]:
+    """Input positions needing a gradient, each tensor once (float only)."""
+    seen, wanted = set(), []
+    for i in indices:
+        t = op.inputs[i]
+        if t is not None and g.needs_input_grad(i) and t.info.dtype.is_float and t.id not in seen:
+            seen.add(t.id)
+            wanted.append(i)
+    return wanted
+
+
+def _output_grads(g, op: Op) -> list[str | None]:
+    return [
+        g.output_grad(k) if t is not None and t.info.dtype.is_float else None
+        for k, t in enumerate(op.outputs)
+    ]
+
+
+def _union(lists) -> list[str]:
+    out: list[str] = []
+    for ids in lists:
+        out.extend(t for t in ids if t not in out)
+    return out
+
+
+def _unique_graph_id(ir, base: str) -> str:
+    graph_id, n = base, 0
+    while graph_id in ir.graphs:
+        n += 1
+        graph_id = f"{base}__{n}"
+    return graph_id
+
+
+def clone_graph(src: Graph, graph_id: str) -> Graph:
+    """A copy of ``src`` (same tensor ids and ops) as a new graph of the same Ir."""
+    dst = src.ir.create_graph(_unique_graph_id(src.ir, graph_id))
+    for tid in src.inputs:
+        dst.add_tensor(tid, src.tensors[tid].info, TensorKind.STREAM)
+        dst.inputs.append(tid)
+    for op in src.topo_order():
+        for t in op.inputs:
+            if t is not None and t.id not in dst.tensors:
+                dst.add_const(t.id, t.data)
+        clone = type(op)(op.attrs, op.settings, op.version)
+        dst.add_op(clone, [t.id if t is not None else "" for t in op.inputs],
+                   [t.id if t is not None else "" for t in op.outputs])
+    for tid in src.outputs:
+        if tid not in dst.tensors:
+            dst.add_const(tid, src.tensors[tid].data)
+    dst.outputs = list(src.outputs)
+    return dst
+
+
+def grad_body(g, op: Op, body: Body, seeds: list[str | None], wrt: list[str],
+              wrt_infos: list[TensorInfo], name: str, keep_formal: bool = False) -> Body:
+    """The backward of ``body``: outputs the gradients of its tensors ``wrt`` (zeros where no
+    path leads there) given the gradients ``seeds`` of its outputs, which it captures by id.
+
+    The forward ops are recomputed inside the gradient body, so nothing is stashed."""
+    graph = clone_graph(body.graph, f"{body.graph.id}/{name}")
+    seed_of: dict[str, str] = {}
+    for out_id, seed in zip(body.outputs, seeds):
+        if seed is None:
+            continue
+        if seed not in graph.tensors:
+            graph.add_tensor(seed, body.graph.tensors[out_id].info, TensorKind.STREAM)
+            graph.inputs.append(seed)
+        if out_id in seed_of:  # one tensor returned twice: its gradients add up
+            total = graph.unique_id(f"{seed}/sum")
+            graph.add_op(create_op("Sum", where=op.debug_name), [seed_of[out_id], seed], [total])
+            seed = total
+        seed_of[out_id] = seed
+    present = [w for w in wrt if w in graph.tensors]
+    grads = g.differentiate(graph, seed_of, present) if seed_of else {}
+    outputs = []
+    for w, info in zip(wrt, wrt_infos):
+        if w in grads:
+            outputs.append(grads[w])
+            continue
+        zeros = graph.unique_id(f"{w}/zero_grad")
+        graph.add_const(zeros, np.zeros(info.shape, info.dtype.numpy))
+        outputs.append(zeros)
+    graph.outputs = outputs
+    return Body(graph, body.num_formal if keep_formal else 0)
+
+
+# --- Loop ------------------------------------------------------------------------------------
+
+
+@register_op("Loop", versions=(1, 11, 13, 16, 19, 21))
+class Loop(SubgraphOp):
+    """for i in range(M) while cond: (cond, carried..., scan...) = body(i, cond, carried...)."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        body: Body
+
+    body_attrs = ("body",)
+
+    def body_input_infos(self, attr, operands):
+        return [_INT64_SCALAR, _BOOL_SCALAR, *operands[2:]]
+
+    def infer(self, *infos):
+        operands, _ = self.split_inputs(infos)
+        if len(operands) < 2:
+            raise ShapeError(f"{self.debug_name}: takes M and cond before the carried values.")
+        m, cond = operands[0], operands[1]
+        if m is not None and (m.dtype != DataType.INT64 or m.nelms != 1):
+            raise ShapeError(f"{self.debug_name}: M must be one int64, got {m}.")
+        if cond is not None and (cond.dtype != DataType.BOOL or cond.nelms != 1):
+            raise ShapeError(f"{self.debug_name}: cond must be one bool, got {cond}.")
+        carried = operands[2:]
+        body = self.attrs.body
+        outs = _check_body_outputs(self, body, 1 + len(carried), "cond and the carried values")
+        if outs[0].dtype != DataType.BOOL or outs[0].nelms != 1:
+            raise ShapeError(
+                f"{self.debug_name}: body output 0 (cond) must be one bool, got {outs[0]}."
+            )
+        for k, (before, after) in enumerate(zip(carried, outs[1:])):
+            if before != after:
+                raise ShapeError(
+                    f"{self.debug_name}: carried value {k} is {before} before an iteration and "
+                    f"{after} after it. Shapes on the simulated IPU are static: a carried value "
+                    f"must keep its shape and type."
+                )
+        scans = outs[1 + len(carried):]
+        self._num_carried = len(carried)
+        self._trip_count = None
+        if scans:
+            self._trip_count = self._static_trip_count()
+        return [*carried, *(TensorInfo(s.dtype, (self._trip_count, *s.shape)) for s in scans)]
+
+    def _static_trip_count(self) -> int:
+        m = self.inputs[0]
+        cond = self.inputs[1]
+        why = ""
+        if m is None or not m.is_const:
+            why = "the trip count M is not a constant"
+        elif cond is not None and not (cond.is_const and bool(np.asarray(cond.data))):
+            why = "the initial condition is not the constant true"
+        elif not _passes_condition_through(self.attrs.body):
+            why = "the body computes its condition (the loop may stop early)"
+        if why:
+            raise UnsupportedOpError(
+                f"{self.debug_name}: its scan outputs need a number of iterations known at "
+                f"compile time, but {why}. Shapes on the simulated IPU are static: use a "
+                f"constant M with a condition the body passes through unchanged, or return "
+                f"the values as loop-carried values instead of scan outputs."
+            )
+        return max(int(np.asarray(m.data).reshape(())), 0)
+
+    def kernel(self, m, cond, *rest):
+        n = self._num_carried
+        carried, captured = list(rest[:n]), list(rest[n:])
+        trip = int(m.reshape(())) if m is not None else None
+        go = bool(cond) if cond is not None else True
+        if trip is None and cond is None:
+            raise popart_exception(f"{self.debug_name}: has neither M nor cond; it never ends.")
+        scans: list[list[torch.Tensor]] = []
+        i = 0
+        while go and (trip is None or i < trip):
+            outs = self.run_body(
+                self.attrs.body, [torch.tensor(i, dtype=torch.int64), torch.tensor(go), *carried],
+                captured)
+            go = bool(outs[0])
+            carried = outs[1 : 1 + n]
+            if not scans:
+                scans = [[] for _ in outs[1 + n:]]
+            for acc, value in zip(scans, outs[1 + n:]):
+                acc.append(value)
+            i += 1
+        results = list(carried)
+        for k, tensor in enumerate(self.outputs[n:]):
+            if tensor is None:
+                results.append(None)
+            elif scans and scans[k]:
+                results.append(torch.stack(scans[k]))
+            else:
+                results.append(torch.zeros(tensor.info.shape, dtype=tensor.info.dtype.torch))
+        return self.result(results)
+
+    def cost(self):
+        flops, moved = self.body_flops(self.attrs.body)
+        m = self.inputs[0]
+        trips = int(np.asarray(m.data).reshape(())) if m is not None and m.is_const else 1
+        return flops * trips, moved * trips
+
+    def grad(self, g):
+        raise popart_exception(
+            f"{self.debug_name}: Loop is not differentiable yet. Detach its inputs "
+            f"(aiGraphcore.detach) or unroll the loop in the model."
+        )
+
+
+def _passes_condition_through(body: Body) -> bool:
+    """True when the body's condition output is its condition input (maybe through Identity)
+    or the constant true: then the loop runs exactly M iterations."""
+    tensor = body.graph.tensors[body.outputs[0]]
+    while tensor.producer is not None and tensor.producer.op_type == "Identity":
+        tensor = tensor.producer.inputs[0]
+    if tensor.is_const:
+        return bool(np.asarray(tensor.data).all())
+    return len(body.formal) > 1 and tensor.id == body.formal[1]
+
+
+# --- Scan ------------------------------------------------------------------------------------
+
+
+@register_op("Scan", versions=(8, 9, 11, 16, 19, 21))
+class Scan(SubgraphOp):
+    """(states, scan outputs) = iterate body(states, slices) over the scan inputs' sequence axis.
+
+    Version 8 has a leading batch axis on every operand (scan inputs are [batch, seq, ...]) and
+    an optional first operand sequence_lens; versions 9+ scan along ``scan_input_axes``.
+    """
+
+    @dataclass(frozen=True)
+    class Attrs:
+        body: Body
+        num_scan_inputs: int
+        scan_input_axes: tuple[int, ...] = ()
+        scan_input_directions: tuple[int, ...] = ()
+        scan_output_axes: tuple[int, ...] = ()
+        scan_output_directions: tuple[int, ...] = ()
+
+    @dataclass(frozen=True)
+    class Attrs8:
+        body: Body
+        num_scan_inputs: int
+        directions: tuple[int, ...] = ()
+
+    body_attrs = ("body",)
+
+    @classmethod
+    def attrs_type(cls, version):
+        return cls.Attrs8 if version < 9 else cls.Attrs
+
+    def _groups(self, operands):
+        """(sequence_lens, states, scan inputs) infos."""
+        seq_lens = None
+        if self.version < 9:
+            if not operands:
+                raise ShapeError(f"{self.debug_name}: Scan-8 takes sequence_lens first.")
+            seq_lens, operands = operands[0], operands[1:]
+        m = self.attrs.num_scan_inputs
+        if not 0 < m <= len(operands):
+            raise ShapeError(
+                f"{self.debug_name}: num_scan_inputs={m}, but it has {len(operands)} states and "
+                f"scan inputs."
+            )
+        return seq_lens, list(operands[: len(operands) - m]), list(operands[len(operands) - m:])
+
+    def _input_axes(self, scans) -> list[int]:
+        if self.version < 9:
+            return [1] * len(scans)
+        axes = self.attrs.scan_input_axes or (0,) * len(scans)
+        return [normalize_axis(self, a, s.rank) for a, s in zip(axes, scans)]
+
+    def body_input_infos(self, attr, operands):
+        _, states, scans = self._groups(operands)
+        if self.version < 9:
+            states = [s.with_shape(s.shape[1:]) for s in states]
+            return [*states, *(s.with_shape(s.shape[2:]) for s in scans)]
+        axes = self._input_axes(scans)
+        slices = [s.with_shape(s.shape[:a] + s.shape[a + 1:]) for s, a in zip(scans, axes)]
+        return [*states, *slices]
+
+    def infer(self, *infos):
+        operands, _ = self.split_inputs(infos)
+        seq_lens, states, scans = self._groups(operands)
+        body = self.attrs.body
+        expected = self.body_input_infos("body", operands)
+        formal = [body.graph.tensors[t].info for t in body.formal]
+        if formal != expected:
+            raise ShapeError(
+                f"{self.debug_name}: the body takes {[str(i) for i in formal]}, the operands "
+                f"give {[str(i) for i in expected]}."
+            )
+        axes = self._input_axes(scans)
+        lengths = {s.shape[a] for s, a in zip(scans, axes)}
+        if len(lengths) != 1:
+            raise ShapeError(
+                f"{self.debug_name}: scan inputs have different sequence lengths {sorted(lengths)}."
+            )
+        self._seq_len = lengths.pop()
+        n = len(states)
+        outs = _check_body_outputs(self, body, n, "the states")
+        for k, (before, after) in enumerate(zip(expected[:n], outs[:n])):
+            if before != after:
+                raise ShapeError(
+                    f"{self.debug_name}: state {k} is {before} before an iteration and {after} "
+                    f"after it; a state must keep its shape and type."
+                )
+        self._num_states = n
+        self._input_axes_ = axes
+        if self.version < 9:
+            batch = {x.shape[0] for x in (*states, *scans)}
+            if len(batch) != 1:
+                raise ShapeError(f"{self.debug_name}: operands have batch sizes {sorted(batch)}.")
+            self._batch = batch.pop()
+            if seq_lens is not None and seq_lens.shape != (self._batch,):
+                raise ShapeError(
+                    f"{self.debug_name}: sequence_lens is {seq_lens}, expected i64[{self._batch}]."
+                )
+            return [*states, *(TensorInfo(o.dtype, (self._batch, self._seq_len, *o.shape))
+                               for o in outs[n:])]
+        out_axes = self.attrs.scan_output_axes or (0,) * len(outs[n:])
+        self._output_axes = [
+            normalize_axis(self, a, o.rank + 1) for a, o in zip(out_axes, outs[n:])
+        ]
+        results = list(states)
+        for o, a in zip(outs[n:], self._output_axes):
+            results.append(TensorInfo(o.dtype, (*o.shape[:a], self._seq_len, *o.shape[a:])))
+        return results
+
+    def kernel(self, *xs):
+        captured_count = len(self.captured_ids())
+        split = len(xs) - captured_count
+        operands, captured = list(xs[:split]), list(xs[split:])
+        if self.version < 9:
+            return self.result(self._run_batched(operands, captured))
+        n = self._num_states
+        states, scans = operands[:n], operands[n:]
+        directions = self.attrs.scan_input_directions or (0,) * len(scans)
+        sequences = []
+        for x, axis, reverse in zip(scans, self._input_axes_, directions):
+            x = x.movedim(axis, 0)
+            sequences.append(x.flip(0) if reverse else x)
+        states, collected = self._iterate(states, sequences, range(self._seq_len), captured)
+        out_dirs = self.attrs.scan_output_directions or (0,) * len(collected)
+        results = list(states)
+        for k, (values, axis) in enumerate(zip(collected, self._output_axes)):
+            stacked = torch.stack(values) if values else torch.zeros(
+                self.outputs[n + k].info.shape, dtype=self.outputs[n + k].info.dtype.torch)
+            if values and out_dirs[k]:
+                stacked = stacked.flip(0)
+            results.append(stacked.movedim(0, axis) if values else stacked)
+        return results[0] if len(self.outputs) == 1 else tuple(results[: len(self.outputs)])
+
+    def _iterate(self, states, sequences, steps, captured):
+        body = self.attrs.body
+        n = len(states)
+        collected: list[list[torch.Tensor]] = []
+        for t in steps:
+            outs = self.run_body(body, [*states, *(x[t] for x in sequences)], captured)
+            states = outs[:n]
+            if not collected:
+                collected = [[] for _ in outs[n:]]
+            for acc, value in zip(collected, outs[n:]):
+                acc.append(value)
+        return states, collected
+
+    def _run_batched(self, operands, captured):
+        n = self._num_states
+        seq_lens, states, scans = operands[0], operands[1 : 1 + n], operands[1 + n :]
+        directions = self.attrs.directions or (0,) * len(scans)
+        final_states = [[] for _ in range(n)]
+        scan_results = [
+            torch.zeros(info.shape, dtype=info.dtype.torch) for info in self._scan_infos()
+        ]
+        for b in range(self._batch):
+            length = int(seq_lens[b]) if seq_lens is not None else self._seq_len
+            if not 0 <= length <= self._seq_len:
+                raise popart_exception(
+                    f"{self.debug_name}: sequence_lens[{b}] = {length} is outside [0, "
+                    f"{self._seq_len}]."
+                )
+            sequences = []
+            for x, reverse in zip(scans, directions):
+                x = x[b, :length]
+                sequences.append(x.flip(0) if reverse else x)
+            s, collected = self._iterate([st[b] for st in states], sequences, range(length),
+                                         captured)
+            for k in range(n):
+                final_states[k].append(s[k])
+            for k, values in enumerate(collected):
+                if values:
+                    scan_results[k][b, :length] = torch.stack(values)
+        return [*(torch.stack(v) for v in final_states), *scan_results]
+
+    def _scan_infos(self) -> list[TensorInfo]:
+        outs = self.attrs.body.output_infos()[self._num_states:]
+        return [TensorInfo(o.dtype, (self._batch, self._seq_len, *o.shape)) for o in outs]
+
+    def cost(self):
+        flops, moved = self.body_flops(self.attrs.body)
+        reps = getattr(self, "_seq_len", 1) * getattr(self, "_batch", 1)
+        return flops * reps, moved * reps
+
+    def grad(self, g):
+        raise popart_exception(
+            f"{self.debug_name}: Scan is not differentiable yet. Detach its inputs "
+            f"(aiGraphcore.detach) or unroll the scan in the model."
+        )
