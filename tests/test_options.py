@@ -418,8 +418,8 @@ def test_defaults_are_buildable(training):
 
 def test_check_buildable_lists_every_offending_field_at_once():
     opts = popart.SessionOptions()
-    opts.enablePipelining = True
-    opts.virtualGraphMode = popart.VirtualGraphMode.Manual
+    opts.enableDistributedReplicatedGraphs = True
+    opts.globalReplicationFactor = 2
     opts.numIOTiles = 32
     opts.customCodelets = ["my.cpp"]
     opts.enableStochasticRounding = True
@@ -428,8 +428,9 @@ def test_check_buildable_lists_every_offending_field_at_once():
         check_buildable(opts, training=False)
     text = str(info.value)
     assert "6 SessionOptions value(s)" in text
-    assert "enablePipelining = True (default False): pipelining, to be built by issue #5" in text
-    assert "virtualGraphMode = VirtualGraphMode.Manual (default VirtualGraphMode.Off)" in text
+    assert ("enableDistributedReplicatedGraphs = True (default False): distributed replication, "
+            "to be built by issue #5") in text
+    assert "globalReplicationFactor = 2 (default 1)" in text
     assert "numIOTiles = 32 (default 0): IO tiles, to be built by issue #6" in text
     assert "customCodelets = ['my.cpp'] (default []): custom codelets, to be built by issue #8" in (
         text

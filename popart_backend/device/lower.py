@@ -8,6 +8,11 @@ one ``run()`` (batches per step × accumulation factor × local replicas, in tha
 Training programs have two fragments (docs/training.md): ops of the ``Normal`` context run
 every micro-batch, ops of the ``AccumulateOuterFragment`` once per weight update, after the
 last micro-batch of its accumulation window. Only variables may carry values between them.
+
+A pipelined program (spec §5.1) also says which stage runs each op, host stream and anchor,
+and its depth G (micro-batches per pipeline run): the simulator runs the fill/main/flush cycles
+literally. Its schedule lists the Normal ops stage by stage, each stage's inter-IPU copies after
+its compute, so slot lifetimes computed over it hold in every cycle.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from ..errors import popart_exception, popart_internal_exception
 from ..ir.graph import Graph
 from ..ir.ir import Ir
 from ..ir.op import ExecutionContext, Op
-from ..ir.tensor import TensorInfo, TensorKind
+from ..ir.tensor import TensorInfo, TensorKind, TensorRole
 
 # The variable the device writes before each micro-batch (transforms/random_seed.py).
 RANDOM_SEED_ID = "randomSeed___"
@@ -69,6 +74,14 @@ class Program:
     random_seed_id: str | None = None
     # True when some op runs in the accumulate outer fragment (once per weight update).
     has_outer_fragment: bool = False
+    # Pipelining (0 stages: not pipelined): stages P, depth G, the stage of each input stream
+    # (its first reader's) and of each anchor (its producer's), in ``inputs``/``anchors`` order.
+    num_stages: int = 0
+    pipeline_depth: int = 0
+    input_stages: tuple[int, ...] = ()
+    anchor_stages: tuple[int, ...] = ()
+    # Op outputs aliasing device state that must keep their slot for the whole run (stashes).
+    persistent: tuple[str, ...] = ()
 
     @property
     def micro_batches_per_run(self) -> int:
@@ -109,10 +122,27 @@ def lower(ir: Ir, data_flow: DataFlow, replication_factor: int = 1,
             inputs.append(InputStream(tensor_id, tensor.info))
         else:
             unused.add(tensor_id)
+    # Stash ring buffers are device-only state: no host copy.
     weights = [t.id for t in graph.tensors.values()
-               if t.kind is TensorKind.VARIABLE and t.id != RANDOM_SEED_ID]
+               if t.kind is TensorKind.VARIABLE and t.id != RANDOM_SEED_ID
+               and t.role is not TensorRole.STASH]
     schedule = graph.topo_order()
     has_outer = _check_fragments(graph, schedule, anchors)
+    stages = [op.settings.pipeline_stage for op in schedule
+              if op.settings.execution_context is ExecutionContext.Normal]
+    num_stages = max(s for s in stages if s is not None) + 1 if any(
+        s is not None for s in stages) else 0
+    pipeline = {}
+    if num_stages:
+        schedule = _stage_order(schedule)
+        pipeline = dict(
+            num_stages=num_stages,
+            # Accumulation: one pipeline per weight update; else one over batchesPerStep.
+            pipeline_depth=accumulation_factor if has_outer else bps,
+            input_stages=tuple(_stage_of(graph.tensors[i.id], num_stages) for i in inputs),
+            anchor_stages=tuple(_stage_of(graph.tensors[a.id], num_stages) for a in anchors),
+        )
+    ipus = [op.settings.ipu for op in schedule if op.settings.ipu is not None]
     return Program(
         graph=graph,
         schedule=schedule,
@@ -123,10 +153,44 @@ def lower(ir: Ir, data_flow: DataFlow, replication_factor: int = 1,
         batches_per_step=bps,
         accumulation_factor=accumulation_factor,
         replication_factor=replication_factor,
-        ipus_per_replica=1,  # TODO(#5): virtual graphs place a replica on several IPUs
+        ipus_per_replica=max(ipus) + 1 if ipus else 1,
         random_seed_id=RANDOM_SEED_ID if RANDOM_SEED_ID in graph.tensors else None,
         has_outer_fragment=has_outer,
+        persistent=tuple(op.outputs[0].id for op in schedule
+                         if getattr(op, "output_persists", False)),
+        **pipeline,
     )
+
+
+def _stage_order(schedule: list[Op]) -> list[Op]:
+    """Normal ops grouped by stage, each stage's compute before its end-of-cycle copies; other
+    fragments after, each in schedule order."""
+    contexts = list(ExecutionContext)
+
+    def key(op: Op):
+        normal = op.settings.execution_context is ExecutionContext.Normal
+        return (contexts.index(op.settings.execution_context),
+                op.settings.pipeline_stage if normal else 0,
+                normal and getattr(op, "runs_between_cycles", False))
+
+    return sorted(schedule, key=key)
+
+
+def _stage_of(tensor, num_stages: int) -> int:
+    """The stage after which a tensor holds a micro-batch's value: its producer's; a stream's
+    first reader's; a variable's or constant's, the last stage."""
+    normal = ExecutionContext.Normal
+    producer = tensor.producer
+    if producer is not None and producer.settings.execution_context is normal:
+        # A copy's value lands at the end of its stage's cycle, for the next stage to read.
+        return producer.settings.pipeline_stage + bool(getattr(producer, "runs_between_cycles",
+                                                                False))
+    if tensor.kind is TensorKind.STREAM:
+        readers = [op.settings.pipeline_stage for op in tensor.consumers
+                   if op.settings.execution_context is normal]
+        if readers:
+            return min(readers)
+    return num_stages - 1
 
 
 def _check_fragments(graph: Graph, schedule: list[Op], anchors: list[AnchorStream]) -> bool:

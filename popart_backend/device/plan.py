@@ -7,6 +7,11 @@ it frees afterwards. ``execute()`` then does no graph walking and no name lookup
 Steps are grouped by the ``ExecutionContext`` of their op (docs/training.md): the ``Normal``
 fragment runs every micro-batch, the ``AccumulateOuterFragment`` once per weight update. The
 fragments share one slot table, so variables written in one are read in the other.
+
+A pipelined plan (``num_stages`` > 0) also splits the Normal fragment by pipeline stage:
+``stage_steps[s]`` is stage s's compute, ``copy_steps[s]`` its end-of-cycle inter-IPU copies.
+Slot frees come from the stage-ordered schedule (lower.py), so they hold however the run loop
+interleaves stages within a cycle.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ def to_torch(array: np.ndarray) -> torch.Tensor:
 class ExecutionPlan:
     """Slots and steps for one graph; ``keep`` names tensors that must survive the execution."""
 
-    def __init__(self, graph: Graph, keep: Iterable[str], order: list[Op] | None = None):
+    def __init__(self, graph: Graph, keep: Iterable[str], order: list[Op] | None = None,
+                 num_stages: int = 0):
         self.graph = graph
         order = order if order is not None else graph.topo_order()
         # Fragments in the order one weight update runs them (stable within each fragment).
@@ -100,6 +106,13 @@ class ExecutionPlan:
             self.fragments[op.settings.execution_context].append(step)
         self.normal_steps = self.fragments[ExecutionContext.Normal]
         self.outer_steps = self.fragments[ExecutionContext.AccumulateOuterFragment]
+        self.stage_steps: list[list[tuple]] = [[] for _ in range(num_stages)]
+        self.copy_steps: list[list[tuple]] = [[] for _ in range(num_stages)]
+        for step in self.normal_steps if num_stages else ():
+            op = step[5]
+            between = getattr(op, "runs_between_cycles", False)
+            (self.copy_steps if between else self.stage_steps)[op.settings.pipeline_stage].append(
+                step)
         self.values = values
 
     def set_value(self, tensor_id: str, value: torch.Tensor) -> None:

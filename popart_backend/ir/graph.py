@@ -132,6 +132,15 @@ class Graph:
         op.inputs.append(tensor)
         tensor.consumers.append(op)
 
+    def replace_input(self, op: Op, index: int, tensor_id: str) -> None:
+        """Make input ``index`` of ``op`` read ``tensor_id`` (one edge; other uses unchanged)."""
+        new = self.tensor(tensor_id)
+        old = op.inputs[index]
+        if old is not None:
+            old.consumers.remove(op)  # one entry per edge
+        op.inputs[index] = new
+        new.consumers.append(op)
+
     def add_constraint(self, before: Op, after: Op) -> None:
         """Schedule ``before`` ahead of ``after`` even without a data edge between them."""
         if before.id == after.id:

@@ -74,6 +74,7 @@ class TensorRole(enum.Enum):
     OPTIMIZER_PARAM = "optimizer_param"  # non-const hyper-parameter, set by the host
     RUNNING_STAT = "running_stat"  # e.g. BatchNorm running mean/var: variable, not trained
     STEP = "step"  # counters
+    STASH = "stash"  # pipeline ring buffers and their indices: device-only, no host copy
 
 
 class Tensor:

@@ -1,0 +1,222 @@
+"""Virtual graphs (spec §3.4, F20, F21): which IPU of a replica runs each op.
+
+``AssignVirtualGraphs`` runs on the forward graph (before autodiff, so every gradient op
+inherits its forward op's IPU) and applies ``SessionOptions.virtualGraphMode``:
+
+- ``Off``: IPU annotations are ignored (cleared); the replica is one IPU.
+- ``Manual``: the builder's ``virtualGraph`` annotations; all ops or none must have one, and
+  each must name an IPU of the replica.
+- ``Auto``: the forward ops, in schedule order, are cut into at most ``ipus per replica``
+  contiguous parts of balanced estimated cost (``Op.cost()``: FLOPs + bytes moved).
+- ``ExecutionPhases``: not built (issue #6 models execution phases).
+
+It also records which ops form the forward graph, for the pipelining and recomputation passes.
+``PlaceRemainingOps`` runs after the training passes: ops they added without a placement
+(weight-gradient sums, optimizer updates, accumulators) go to the IPU of the tensors they read.
+
+Before (Auto, 2 IPUs):   h = MatMul(x, w1)          After:  h = MatMul(x, w1)   # ipu0
+                         y = MatMul(h, w2)                  y = MatMul(h, w2)   # ipu1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import NotImplementedOptionError, popart_exception
+from ..ir.graph import Graph
+from ..ir.op import ExecutionContext, Op
+from ..options import VirtualGraphMode
+
+_log = logging.getLogger("popart:transform")
+
+
+@dataclass
+class Placement:
+    """What the multi-IPU passes of one session share (filled as they run)."""
+
+    mode: VirtualGraphMode
+    ipus_per_replica: int
+    pipelining: bool = False
+    forward_ids: frozenset[int] = frozenset()
+    # Pipelining: stage -> IPU for every stage (forward and backward), and the loss stage.
+    stage_ipu: dict[int, int] = field(default_factory=dict)
+    loss_stage: int | None = None
+
+    @property
+    def sharded(self) -> bool:
+        return self.mode is not VirtualGraphMode.Off
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_ipu)
+
+
+def set_placement(op: Op, **changes) -> None:
+    """Replace fields of the op's (frozen) settings."""
+    op.settings = dataclasses.replace(op.settings, **changes)
+
+
+class AssignVirtualGraphs:
+    """Pass: apply ``virtualGraphMode`` to the forward graph and remember its ops."""
+
+    name = "assign_virtual_graphs"
+
+    def __init__(self, placement: Placement):
+        self.placement = placement
+
+    def run(self, ir) -> bool:
+        graph = ir.main
+        order = graph.topo_order()
+        self.placement.forward_ids = frozenset(op.id for op in order)
+        mode = self.placement.mode
+        if self.placement.pipelining and (mode is VirtualGraphMode.Off
+                                          or self.placement.ipus_per_replica < 2):
+            raise popart_exception(
+                "Pipelining requires more than 1 IPU and the 'virtualGraphMode' session option "
+                "to not be VirtualGraphMode::Off. This session has "
+                f"{self.placement.ipus_per_replica} IPU(s) per replica and virtualGraphMode = "
+                f"{mode}."
+            )
+        if mode is VirtualGraphMode.Off:
+            changed = False
+            for op in order:
+                if op.settings.ipu is not None:
+                    set_placement(op, ipu=None)
+                    changed = True
+            return changed
+        if mode is VirtualGraphMode.ExecutionPhases:
+            raise NotImplementedOptionError(
+                "virtualGraphMode = VirtualGraphMode.ExecutionPhases is not built yet: execution "
+                "phases are modelled by issue #6. Use VirtualGraphMode.Manual or Auto."
+            )
+        if mode is VirtualGraphMode.Manual:
+            self._check_manual(order)
+        else:
+            self._auto(order)
+        return True
+
+    def _check_manual(self, order: list[Op]) -> None:
+        n = self.placement.ipus_per_replica
+        unplaced = [op for op in order if op.settings.ipu is None]
+        if unplaced and len(unplaced) != len(order):
+            counts: dict[str, int] = {}
+            for op in order:
+                key = "unset" if op.settings.ipu is None else str(op.settings.ipu)
+                counts[key] = counts.get(key, 0) + 1
+            names = ", ".join(op.debug_name for op in unplaced[:5])
+            raise popart_exception(
+                "Either all ops in the main graph must have their virtual graph ids set, or none "
+                f"must. Ops per virtual graph id: {counts}. Without one: {names}"
+                f"{' ...' if len(unplaced) > 5 else ''}. Annotate them with "
+                "builder.virtualGraph(...) (virtualGraphMode = Manual), or use "
+                "VirtualGraphMode.Auto."
+            )
+        for op in order:
+            if op.settings.ipu is None:
+                set_placement(op, ipu=0)
+            elif not 0 <= op.settings.ipu < n:
+                raise popart_exception(
+                    f"{op.debug_name} is placed on virtual graph {op.settings.ipu}, but the device "
+                    f"has {n} IPU(s) per replica (ids 0..{n - 1}). Acquire a device with more "
+                    f"IPUs or change the builder.virtualGraph annotation."
+                )
+
+    def _auto(self, order: list[Op]) -> None:
+        parts = balanced_split([op_cost(op) for op in order], self.placement.ipus_per_replica)
+        for op, ipu in zip(order, parts):
+            set_placement(op, ipu=ipu)
+        _log.debug("assign_virtual_graphs: Auto split %d ops over %d IPU(s)", len(order),
+                   max(parts, default=0) + 1)
+
+
+def op_cost(op: Op) -> float:
+    """The scalar Auto balances: FLOPs plus bytes moved of one execution (``Op.cost()``)."""
+    flops, moved = op.cost()
+    return float(flops) + float(moved)
+
+
+def balanced_split(costs: list[float], parts: int) -> list[int]:
+    """Part index per item: at most ``parts`` contiguous runs minimising the largest run's sum.
+
+    Binary search on the capacity with greedy packing, which is optimal for contiguous runs.
+    """
+    if not costs:
+        return []
+    costs = [max(c, 0.0) for c in costs]
+
+    def pack(capacity: float) -> list[int] | None:
+        index, total, out = 0, 0.0, []
+        for c in costs:
+            if total + c > capacity and total > 0:
+                index, total = index + 1, 0.0
+            if index >= parts:
+                return None
+            total += c
+            out.append(index)
+        return out
+
+    low, high = max(costs), sum(costs)
+    best = pack(high)
+    for _ in range(60):
+        if high - low <= 1e-9 * max(high, 1.0):
+            break
+        middle = (low + high) / 2
+        packed = pack(middle)
+        if packed is None:
+            low = middle
+        else:
+            best, high = packed, middle
+    return best
+
+
+def fill_placement(graph: Graph, order: list[Op], get: Callable[[Op], int | None],
+                   put: Callable[[Op, int], None], default: int,
+                   contexts=(ExecutionContext.Normal,)) -> None:
+    """Place the ops of ``contexts`` that ``get`` says are unplaced, from their neighbours.
+
+    In order of preference: the largest placement of the producers of their inputs (an op runs
+    once what it reads is there), the smallest of the consumers of their outputs, the largest of
+    the ops scheduled before them by constraints, else ``default``.
+    """
+    pending = [op for op in order if op.settings.execution_context in contexts and get(op) is None]
+    for op in pending:
+        found = [get(t.producer) for t in op.inputs if t is not None and t.producer is not None]
+        found = [p for p in found if p is not None]
+        if found:
+            put(op, max(found))
+    for op in reversed(pending):
+        if get(op) is not None:
+            continue
+        found = [get(c) for t in op.outputs if t is not None for c in t.consumers]
+        found = [p for p in found if p is not None]
+        if found:
+            put(op, min(found))
+    for op in pending:
+        if get(op) is not None:
+            continue
+        found = [get(graph.ops[i]) for i in graph.constraints.get(op.id, ())]
+        found = [p for p in found if p is not None]
+        put(op, max(found) if found else default)
+
+
+class PlaceRemainingOps:
+    """Pass: give every op the training passes added without an IPU the IPU of its neighbours."""
+
+    name = "place_remaining_ops"
+
+    def __init__(self, placement: Placement):
+        self.placement = placement
+
+    def run(self, ir) -> bool:
+        if not self.placement.sharded:
+            return False
+        graph = ir.main
+        order = graph.topo_order()
+        before = sum(op.settings.ipu is None for op in order)
+        fill_placement(graph, order, lambda op: op.settings.ipu,
+                       lambda op, ipu: set_placement(op, ipu=ipu), 0,
+                       contexts=tuple(ExecutionContext))
+        return before > 0
