@@ -56,6 +56,9 @@ class OpSettings:
     # Source location of the user code that created the op (the frontend fills it).
     source: str = ""
     execution_context: ExecutionContext = ExecutionContext.Normal
+    # Replica grouping of a collective op: (CommGroupType value, replicaGroupSize) from the
+    # builder's ``commGroup`` annotation; None is all replicas (ops/collectives.py).
+    comm_group: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

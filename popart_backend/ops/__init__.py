@@ -20,6 +20,7 @@ from . import resize  # noqa: F401
 from . import accumulate  # noqa: F401
 from . import optimizer_updates  # noqa: F401
 from . import graphcore  # noqa: F401
+from . import collectives  # noqa: F401
 from . import control_flow  # noqa: F401
 from . import random_ops  # noqa: F401
 from . import misc  # noqa: F401

@@ -338,11 +338,20 @@ class ShrinkGrad(ElementwiseGrad):
 
 @register_op("PRelu", versions=(6, 7, 9, 16))
 class PRelu(Op):
-    """y = x < 0 ? slope * x : x, with ``slope`` broadcast to x's shape."""
+    """y = x < 0 ? slope * x : x, with ``slope`` broadcast to x's shape.
+
+    Before version 7 (no numpy broadcasting in ONNX yet) a 1-D slope of x's channel count that
+    does not broadcast from the right is per channel (axis 1), as the PyTorch exporter of that
+    time meant it.
+    """
 
     def infer(self, x, slope):
         check_dtypes(self, x, slope)
-        if broadcast_shapes(self, x.shape, slope.shape) != x.shape:
+        self._slope_shape = slope.shape
+        if (self.version < 7 and slope.rank == 1 and x.rank > 2
+                and slope.shape[0] == x.shape[1] and slope.shape[0] != x.shape[-1]):
+            self._slope_shape = (slope.shape[0],) + (1,) * (x.rank - 2)
+        if broadcast_shapes(self, x.shape, self._slope_shape) != x.shape:
             raise ShapeError(
                 f"{self.debug_name}: slope {list(slope.shape)} does not broadcast to the input "
                 f"shape {list(x.shape)} (PRelu broadcasts the slope one way only)."
@@ -350,14 +359,21 @@ class PRelu(Op):
         return x
 
     def kernel(self, x, slope):
-        return torch.where(x < 0, x * slope, x)
+        return torch.where(x < 0, x * slope.reshape(self._slope_shape), x)
 
     def grad(self, g):
-        dx, dslope = g.op("PReluGrad", g.output_grad(0), g.input(0), g.input(1),
+        slope = g.input(1)
+        slope_shape = g.input_info(1).shape
+        if self._slope_shape != slope_shape:
+            slope = g.op("Reshape", slope, g.const(np.array(self._slope_shape, np.int64), "shape"))
+        dx, dslope = g.op("PReluGrad", g.output_grad(0), g.input(0), slope,
                           domain=AI_GRAPHCORE, num_outputs=2)
         g.set_input_grad(0, dx)
         if g.needs_input_grad(1):
-            g.set_input_grad(1, g.reduce_to_shape(dslope, g.input_info(1).shape))
+            dslope = g.reduce_to_shape(dslope, self._slope_shape)
+            if self._slope_shape != slope_shape:
+                dslope = g.op("Reshape", dslope, g.const(np.array(slope_shape, np.int64), "shape"))
+            g.set_input_grad(1, dslope)
 
 
 @register_op("PReluGrad", versions=1, domain=AI_GRAPHCORE)

@@ -152,7 +152,7 @@ def _check_kernel_shape(op: Op, kernel_shape: tuple, w: TensorInfo) -> tuple[int
     return kernel
 
 
-@register_op("Conv", versions=(1, 11, 22))
+@register_op("Conv", versions=(1, 11))
 class Conv(Op):
     """Y = conv(X, W) + B with groups, strides, dilations and explicit or automatic pads."""
 
@@ -286,7 +286,7 @@ def _grad_cost(op: Op, rows: TensorInfo, dy: TensorInfo, w: TensorInfo) -> tuple
     return forward * sum(1 for i in wrt if i in (0, 1)) + (dy.nelms if 2 in wrt else 0), moved
 
 
-@register_op("ConvTranspose", versions=(1, 11, 22))
+@register_op("ConvTranspose", versions=(1, 11))
 class ConvTranspose(Op):
     """The gradient of Conv with respect to its input, used as an upsampling layer."""
 

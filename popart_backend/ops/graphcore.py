@@ -4,7 +4,8 @@ The losses (IdentityLoss, L1, Nll) live in ``loss.py``, LSTM with the recurrent 
 slices in ``dynamic_slice.py`` and CTC in ``ctc.py``; the rest of the builder's ai.graphcore
 methods resolve here. Semantics follow PopART's op definitions;
 where the simulated IPU has to pick a behaviour PopART leaves to the hardware (out-of-range
-dynamic offsets, uninitialised ``Init`` memory, collectives on one replica) the op says which.
+dynamic offsets, uninitialised ``Init`` memory) the op says which. The builder's
+``replicatedallreduce`` resolves to ``collectives.ReplicatedAllReduce``.
 
 PopART enums arrive as ints: ``InitType`` NoInit 0, Zero 1; ``ReductionType`` Sum 0, Mean 1,
 NoReduction 2. ``ScatterReduction`` arrives as the lower-case name the builder writes.
@@ -340,19 +341,7 @@ class Nop(_Passthrough):
         g.set_input_grad(0, g.op("Nop", g.output_grad(0), domain=GC))
 
 
-@register_op("ReplicatedAllReduce", versions=1, domain=GC)
-class ReplicatedAllReduce(_Passthrough):
-    """Sum of the input over the replicas of its comm group.
-
-    TODO(#8): every replica of the simulated device runs the same program on its own data but
-    this op still sees one replica, so the sum is the identity. The multi-IPU work gives it the
-    cross-replica meaning (its gradient is the all-reduce of the output gradient).
-    """
-
-    foldable = False
-
-    def grad(self, g):
-        g.set_input_grad(0, g.op("ReplicatedAllReduce", g.output_grad(0), domain=GC))
+# ReplicatedAllReduce is a cross-replica collective: ops/collectives.py.
 
 
 @register_op("PrintTensor", versions=1, domain=GC)

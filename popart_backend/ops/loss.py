@@ -278,7 +278,11 @@ class SoftmaxCrossEntropyLoss(OnnxLossBase):
 
     def kernel(self, scores, labels, weights=None):
         logp = torch.log_softmax(scores, dim=1)
-        return self.nll(logp, labels, weights), logp
+        loss = self.nll(logp, labels, weights)
+        # The log-probabilities output is optional: a one-output node gets the loss alone.
+        if len(self.outputs) < 2:
+            return loss
+        return loss, logp if self.outputs[1] is not None else None
 
     def grad(self, g):
         has_logp = len(self.outputs) > 1 and self.outputs[1] is not None

@@ -94,7 +94,7 @@ class _WindowPool(Op):
         )
 
 
-@register_op("MaxPool", versions=(1, 8, 10, 11, 12, 22))
+@register_op("MaxPool", versions=(1, 8, 10, 11, 12))
 class MaxPool(_WindowPool):
     """Y = max over each window; Indices (version >= 8) = flat index of the max in X."""
 
@@ -275,7 +275,7 @@ def _counts(win: Window, in_sizes, include_pad: bool) -> list[list[int]]:
     return result
 
 
-@register_op("AveragePool", versions=(1, 7, 10, 11, 19, 22))
+@register_op("AveragePool", versions=(1, 7, 10, 11, 19))
 class AveragePool(_WindowPool):
     """Y = mean over each window; count_include_pad decides whether pads count."""
 
@@ -409,7 +409,7 @@ class AveragePoolGrad(AveragePool):
         return self._backward(dy, x, *self._backward_args)
 
 
-@register_op("LpPool", versions=(1, 2, 11, 18, 22))
+@register_op("LpPool", versions=(1, 2, 11, 18))
 class LpPool(_WindowPool):
     """Y = (sum over each window of |x|^p)^(1/p); pads contribute zeros."""
 
@@ -508,7 +508,7 @@ class _GlobalPool(Op):
         return TensorInfo(x.dtype, x.shape[:2] + (1,) * (x.rank - 2))
 
 
-@register_op("GlobalAveragePool", versions=(1, 22))
+@register_op("GlobalAveragePool", versions=(1,))
 class GlobalAveragePool(_GlobalPool):
     def kernel(self, x):
         return x.mean(self._dims, keepdim=True)
@@ -534,7 +534,7 @@ class GlobalAveragePoolGrad(Op):
         return (dy * self._scale).expand(self.attrs.shape).contiguous()
 
 
-@register_op("GlobalMaxPool", versions=(1, 22))
+@register_op("GlobalMaxPool", versions=(1,))
 class GlobalMaxPool(_GlobalPool):
     def kernel(self, x):
         return x.amax(self._dims, keepdim=True)
@@ -560,7 +560,7 @@ class GlobalMaxPoolGrad(Op):
         return dx.reshape(x.shape)
 
 
-@register_op("GlobalLpPool", versions=(1, 2, 22))
+@register_op("GlobalLpPool", versions=(1, 2))
 class GlobalLpPool(_GlobalPool):
     @dataclass(frozen=True)
     class Attrs:

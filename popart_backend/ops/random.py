@@ -93,6 +93,7 @@ def mix_seed(seed: int, counter: int, modifier: int) -> int:
 class DropoutTraining(Op):
     """output = data * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio); inputs (data, seed)."""
 
+    public = False  # only the TrainingSemantics pass creates it
     foldable = False
     requires_random_seed = True
 

@@ -177,9 +177,24 @@ class ReduceMeanGrad(ReduceGrad):
         return self.broadcast(dy / self.count)
 
 
+def _empty_extreme(dtype: torch.dtype, shape: tuple[int, ...], lowest: bool) -> torch.Tensor:
+    """Max (``lowest``) or min over an empty set: ONNX's identity element, -inf / +inf for
+    floats, the type's lowest / highest value for integers, False / True for bool."""
+    if dtype == torch.bool:
+        value = not lowest
+    elif dtype.is_floating_point:
+        value = -math.inf if lowest else math.inf
+    else:
+        info = torch.iinfo(dtype)
+        value = info.min if lowest else info.max
+    return torch.full(shape, value, dtype=dtype)
+
+
 @register_op("ReduceMax", versions=(1, 11, 12, 13, 18, 20))
 class ReduceMax(Reduce):
     def reduce(self, x):
+        if self.count == 0:
+            return _empty_extreme(x.dtype, self.out_shape, lowest=True)
         return torch.amax(x, self.dims, keepdim=self.keepdims)
 
     def grad(self, g):
@@ -201,6 +216,8 @@ class ReduceMaxGrad(ReduceGrad):
 @register_op("ReduceMin", versions=(1, 11, 12, 13, 18, 20))
 class ReduceMin(Reduce):
     def reduce(self, x):
+        if self.count == 0:
+            return _empty_extreme(x.dtype, self.out_shape, lowest=False)
         return torch.amin(x, self.dims, keepdim=self.keepdims)
 
     def grad(self, g):

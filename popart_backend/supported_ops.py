@@ -1,0 +1,401 @@
+"""What the backend can run: ``getSupportedOperations``, ``getSupportedOperationsDefinition``,
+``getUnsupportedOperations``, ``OperatorIdentifier`` and ``OpDefinition`` (spec §6, F81, F87, F88).
+
+Everything here is read from the op registry (plus the ONNX sequence ops the importer resolves
+statically) and from ``onnx.defs``: nothing is listed by hand, so the answers cannot drift from
+what the importer accepts.
+
+Public and internal ops. ``getSupportedOperations(False)`` lists only the ops a model or a
+Builder may name. Internal ops are the ones passes create: gradient ops, the fused kernels of
+the fusion passes, optimizer updates and the training forms of BatchNormalization / Dropout.
+The rule (``is_public``), in order:
+
+1. an op class that sets ``public = True`` or ``False`` says so itself;
+2. domain ``popart.fused`` is internal (only the fusion passes may create it);
+3. an ai.graphcore type whose name ends in ``Grad`` is internal (STYLE.md: grad ops are named
+   ``<Forward>Grad``; autodiff creates them);
+4. an ai.graphcore op defined in ``ops.optimizer_updates`` or ``ops.accumulate`` is internal
+   (the optimizer and gradient-accumulation passes create them);
+5. everything else is public.
+
+Run ``python scripts/update_supported_ops_doc.py`` to regenerate ``docs/supported_ops.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from functools import lru_cache
+from pathlib import Path
+
+import onnx
+import onnx.defs
+
+from .dtypes import DataType
+from .errors import popart_exception
+from .ops import registry
+from .ops.registry import AI_GRAPHCORE, AI_ONNX
+
+__all__ = [
+    "OperatorIdentifier",
+    "OpDefinition",
+    "getSupportedOperations",
+    "getSupportedOperationsDefinition",
+    "getUnsupportedOperations",
+]
+
+FUSED_DOMAIN = "popart.fused"
+# Modules whose ai.graphcore ops only the optimizer / accumulation passes create (rule 4).
+_INTERNAL_MODULES = ("popart_backend.ops.optimizer_updates", "popart_backend.ops.accumulate")
+
+# ONNX sequence ops: resolved at import into tensor ops (onnx_sequences.py), not registered.
+# Value: the input positions that must be compile-time constants.
+_STATIC_SEQUENCE_OPS = {
+    "ConcatFromSequence": (),
+    "SequenceAt": (1,),
+    "SequenceConstruct": (),
+    "SequenceEmpty": (),
+    "SequenceErase": (1,),
+    "SequenceInsert": (2,),
+    "SequenceLength": (),
+    "SplitToSequence": (1,),
+}
+
+
+class OperatorIdentifier:
+    """An op's identity: ``OperatorIdentifier("ai.onnx", "Add", 7)`` (F87).
+
+    Equal, hashable and ordered by (domain, type, version); ``str()`` is PopART's
+    ``domain.type:version``.
+    """
+
+    __slots__ = ("domain", "type", "version")
+
+    def __init__(self, domain: str, type: str, version: int):  # noqa: A002 - PopART's name
+        if not isinstance(domain, str) or not isinstance(type, str) or not type:
+            raise popart_exception(
+                f"OperatorIdentifier(domain, type, version): domain and type must be strings "
+                f"and type non-empty, not {domain!r}, {type!r}."
+            )
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise popart_exception(
+                f"OperatorIdentifier {domain}.{type}: version must be an int >= 1, not {version!r}."
+            )
+        self.domain = registry.normalize_domain(domain)
+        self.type = type
+        self.version = version
+
+    def _key(self) -> tuple[str, str, int]:
+        return self.domain, self.type, self.version
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, OperatorIdentifier) and self._key() == other._key()
+
+    def __lt__(self, other: "OperatorIdentifier") -> bool:
+        return self._key() < other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __str__(self) -> str:
+        return f"{self.domain}.{self.type}:{self.version}"
+
+    def __repr__(self) -> str:
+        return f"OperatorIdentifier({self.domain!r}, {self.type!r}, {self.version})"
+
+
+class OpDefinition:
+    """What an op accepts: its inputs, outputs and attributes (F88).
+
+    ``inputs``: ``[Input(name, supportedTensors, constant)]``; ``constant`` inputs must be
+    known at compile time (shapes, axes, sizes on a static-shape device).
+    ``outputs``: ``[Output(name, supportedTensors)]``.
+    ``attributes``: ``{name: Attribute}``, an Attribute being the regular expression its
+    values (written as ``str(value)`` of the Python value) must match, also available as
+    ``.supportedValuesRegex``.
+    ``supportedTensors`` lists the DataTypes ONNX allows for the slot that the backend models.
+    """
+
+    @dataclasses.dataclass(frozen=True)
+    class Input:
+        name: str
+        supportedTensors: tuple[DataType, ...]  # noqa: N815 - PopART's name
+        constant: bool = False
+
+    @dataclasses.dataclass(frozen=True)
+    class Output:
+        name: str
+        supportedTensors: tuple[DataType, ...]  # noqa: N815
+
+    class Attribute(str):
+        """A regular expression over ``str(value)``; a ``str`` so ``attributes[n] == regex``."""
+
+        @property
+        def supportedValuesRegex(self) -> str:  # noqa: N802 - PopART's name
+            return str(self)
+
+    def __init__(self, inputs=(), outputs=(), attributes=None):
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.attributes = {
+            name: OpDefinition.Attribute(regex) for name, regex in (attributes or {}).items()
+        }
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, OpDefinition) and (
+            (self.inputs, self.outputs, self.attributes)
+            == (other.inputs, other.outputs, other.attributes)
+        )
+
+    def __repr__(self) -> str:
+        return (f"OpDefinition(inputs={[i.name for i in self.inputs]}, "
+                f"outputs={[o.name for o in self.outputs]}, "
+                f"attributes={sorted(self.attributes)})")
+
+
+# --- public / internal -------------------------------------------------------------------------
+
+
+def is_public(domain: str, op_type: str, cls) -> bool:
+    """Whether ``getSupportedOperations(False)`` lists an op (rules in the module docstring)."""
+    explicit = getattr(cls, "public", None)
+    if explicit is not None:
+        return bool(explicit)
+    if domain == FUSED_DOMAIN:
+        return False
+    if domain == AI_GRAPHCORE and op_type.endswith("Grad"):
+        return False
+    if domain == AI_GRAPHCORE and cls is not None and cls.__module__ in _INTERNAL_MODULES:
+        return False
+    return True
+
+
+def _entries(include_internal: bool):
+    """(domain, type, version, op class or None for import-time sequence ops), sorted."""
+    rows = [
+        (domain, op_type, version, cls)
+        for domain, op_type, version, cls in registry.all_registered()
+        if include_internal or is_public(domain, op_type, cls)
+    ]
+    for op_type in _STATIC_SEQUENCE_OPS:
+        rows.extend((AI_ONNX, op_type, v, None) for v in _onnx_versions(op_type))
+    return sorted(rows, key=lambda row: row[:3])
+
+
+def getSupportedOperations(includeInternal: bool) -> list[OperatorIdentifier]:  # noqa: N802,N803
+    """Every (domain, type, version) the importer resolves; internal ops only if asked (F81)."""
+    return [OperatorIdentifier(d, t, v) for d, t, v, _ in _entries(bool(includeInternal))]
+
+
+def getSupportedOperationsDefinition(  # noqa: N802
+    includeInternal: bool,  # noqa: N803
+) -> dict[OperatorIdentifier, OpDefinition]:
+    """``getSupportedOperations`` mapped to each op's ``OpDefinition`` (F81, F88)."""
+    return {
+        OperatorIdentifier(d, t, v): _definition(d, t, v, cls)
+        for d, t, v, cls in _entries(bool(includeInternal))
+    }
+
+
+def getUnsupportedOperations(opsetVersion: int) -> list[str]:  # noqa: N802,N803
+    """ai.onnx op types of opset ``opsetVersion`` that a model of that opset cannot use.
+
+    An op counts as unsupported when no version is registered, or when the version ONNX opset
+    ``opsetVersion`` defines is not one we implement (strict resolution would reject it, §6.4).
+    """
+    if isinstance(opsetVersion, bool) or not isinstance(opsetVersion, int) or opsetVersion < 1:
+        raise popart_exception(
+            f"getUnsupportedOperations: opsetVersion must be an int >= 1, not {opsetVersion!r}."
+        )
+    supported = {(t, v) for d, t, v, _ in _entries(True) if d == AI_ONNX}
+    missing = []
+    for op_type, versions in _onnx_schemas().items():
+        usable = [v for v in versions if v <= opsetVersion]
+        if not usable:
+            continue
+        schema = versions[max(usable)]
+        if schema.deprecated:
+            continue
+        if (op_type, max(usable)) not in supported:
+            missing.append(op_type)
+    return sorted(missing)
+
+
+# --- definitions ------------------------------------------------------------------------------
+
+_ONNX_TYPE_TO_DATATYPE = {
+    f"tensor({name})": dt
+    for name, dt in (
+        ("float", DataType.FLOAT), ("uint8", DataType.UINT8), ("int8", DataType.INT8),
+        ("uint16", DataType.UINT16), ("int16", DataType.INT16), ("int32", DataType.INT32),
+        ("int64", DataType.INT64), ("string", DataType.STRING), ("bool", DataType.BOOL),
+        ("float16", DataType.FLOAT16), ("double", DataType.DOUBLE), ("uint32", DataType.UINT32),
+        ("uint64", DataType.UINT64), ("complex64", DataType.COMPLEX64),
+        ("complex128", DataType.COMPLEX128),
+    )
+}
+
+# Regular expressions over str(value) of the importer's Python value of an attribute.
+_NUMBER = r"[-+]?(\d+\.?\d*([eE][-+]?\d+)?|\.\d+([eE][-+]?\d+)?|inf|nan)"
+_INT = r"[-+]?\d+"
+_ATTRIBUTE_REGEX = {
+    onnx.AttributeProto.INT: _INT,
+    onnx.AttributeProto.FLOAT: _NUMBER,
+    onnx.AttributeProto.STRING: r".*",
+    onnx.AttributeProto.INTS: rf"\(({_INT}(, {_INT})*,?)?\)",
+    onnx.AttributeProto.FLOATS: rf"\(({_NUMBER}(, {_NUMBER})*,?)?\)",
+    onnx.AttributeProto.STRINGS: r"\(.*\)",
+}
+_ANY = r"(?s).*"  # tensors, graphs and values whose ONNX type is unknown
+
+
+@lru_cache(maxsize=None)
+def _onnx_schemas() -> dict[str, dict[int, onnx.defs.OpSchema]]:
+    """ai.onnx schemas by type and since-version."""
+    table: dict[str, dict[int, onnx.defs.OpSchema]] = {}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        if schema.domain in ("", AI_ONNX):
+            table.setdefault(schema.name, {})[schema.since_version] = schema
+    return table
+
+
+def _onnx_versions(op_type: str) -> list[int]:
+    return sorted(_onnx_schemas().get(op_type, {}))
+
+
+def _schema(domain: str, op_type: str, version: int) -> onnx.defs.OpSchema | None:
+    if domain != AI_ONNX:
+        return None
+    return _onnx_schemas().get(op_type, {}).get(version)
+
+
+def _tensor_types(schema: onnx.defs.OpSchema, slot) -> tuple[DataType, ...]:
+    allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    names = allowed.get(slot.type_str, [slot.type_str])
+    types = {_ONNX_TYPE_TO_DATATYPE[n] for n in names if n in _ONNX_TYPE_TO_DATATYPE}
+    return tuple(sorted(types, key=lambda dt: dt.value))
+
+
+def _definition(domain: str, op_type: str, version: int, cls) -> OpDefinition:
+    schema = _schema(domain, op_type, version)
+    const = _STATIC_SEQUENCE_OPS[op_type] if cls is None else tuple(cls.const_inputs)
+    if schema is not None:
+        inputs = [
+            OpDefinition.Input(slot.name, _tensor_types(schema, slot), index in const)
+            for index, slot in enumerate(schema.inputs)
+        ]
+        outputs = [OpDefinition.Output(s.name, _tensor_types(schema, s)) for s in schema.outputs]
+    else:
+        # Ops outside ai.onnx have no ONNX schema; the constant positions are still known.
+        inputs = [OpDefinition.Input(f"input{i}", (), True) for i in sorted(const)]
+        outputs = []
+    return OpDefinition(inputs, outputs, _attribute_regexes(schema, cls, version))
+
+
+def _attribute_regexes(schema, cls, version: int) -> dict[str, str]:
+    schema_types = {a.name: a.type for a in schema.attributes.values()} if schema else {}
+    if cls is None:
+        return {name: _ATTRIBUTE_REGEX.get(t, _ANY) for name, t in schema_types.items()}
+    attrs_type = cls.attrs_type(version)
+    if not dataclasses.is_dataclass(attrs_type):
+        return {}
+    onnx_names = {field: name for name, field in cls.attr_aliases().items()}
+    hints = typing.get_type_hints(attrs_type)
+    result = {}
+    for field in dataclasses.fields(attrs_type):
+        name = onnx_names.get(field.name, field.name)
+        onnx_type = schema_types.get(name, _type_from_hint(hints.get(field.name)))
+        result[name] = _ATTRIBUTE_REGEX.get(onnx_type, _ANY)
+    return result
+
+
+def _type_from_hint(hint):
+    """The ONNX attribute type an Attrs annotation implies (ops without an ONNX schema)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next((h for h in typing.get_args(hint) if h is not type(None)), hint)
+    plain = {int: onnx.AttributeProto.INT, float: onnx.AttributeProto.FLOAT,
+             str: onnx.AttributeProto.STRING, bool: onnx.AttributeProto.INT}
+    if hint in plain:
+        return plain[hint]
+    if typing.get_origin(hint) is tuple:
+        element = (typing.get_args(hint) or (None,))[0]
+        return {int: onnx.AttributeProto.INTS, float: onnx.AttributeProto.FLOATS,
+                str: onnx.AttributeProto.STRINGS}.get(element)
+    return None
+
+
+# --- docs/supported_ops.md ----------------------------------------------------------------------
+
+DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "supported_ops.md"
+
+
+def _versions_text(versions: list[int]) -> str:
+    return ", ".join(str(v) for v in versions)
+
+
+def render_markdown() -> str:
+    """The text of docs/supported_ops.md, generated from the registry."""
+    by_type: dict[tuple[str, str], list[int]] = {}
+    for op in getSupportedOperations(True):
+        by_type.setdefault((op.domain, op.type), []).append(op.version)
+    public = {(op.domain, op.type) for op in getSupportedOperations(False)}
+    domains = sorted({d for d, _ in by_type}, key=lambda d: (d != AI_ONNX, d != AI_GRAPHCORE, d))
+    lines = [
+        "# Supported operations",
+        "",
+        "Generated from the op registry by `python scripts/update_supported_ops_doc.py`; do not",
+        "edit by hand (tests/test_supported_ops.py fails when this page is stale).",
+        "",
+        "A model with ai.onnx opset V resolves each node to the highest listed version <= V;",
+        "with `strictOpVersions` (the default) that version must be the one ONNX opset V defines",
+        "(spec §6.4). `popart.getSupportedOperations(includeInternal)` returns the same list;",
+        "internal ops (gradients, fused kernels, optimizer updates) are created by passes and",
+        "cannot appear in a model.",
+        "",
+    ]
+    for domain in domains:
+        rows = sorted((t, v) for (d, t), v in by_type.items() if d == domain)
+        public_rows = [(t, v) for t, v in rows if (domain, t) in public]
+        internal_rows = [(t, v) for t, v in rows if (domain, t) not in public]
+        lines += [f"## Domain `{domain}`", ""]
+        if public_rows:
+            lines += [f"{len(public_rows)} public op types.", "", "| op type | versions |",
+                      "| --- | --- |"]
+            lines += [f"| {t} | {_versions_text(v)} |" for t, v in public_rows]
+            lines.append("")
+        if internal_rows:
+            lines += [f"Internal ({len(internal_rows)} op types): "
+                      + ", ".join(t for t, _ in internal_rows) + ".", ""]
+    latest = onnx.defs.onnx_opset_version()
+    missing = getUnsupportedOperations(latest)
+    lines += [
+        f"## Not supported (ai.onnx opset {latest})",
+        "",
+        f"{len(missing)} op types of ONNX opset {latest} (`popart.getUnsupportedOperations"
+        f"({latest})`), either not implemented or implemented only at an older version:",
+        "",
+        ", ".join(missing) + ".",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write docs/supported_ops.md (``--check``: exit 1 if the committed page is stale)."""
+    argv = sys.argv[1:] if argv is None else argv
+    text = render_markdown()
+    if "--check" in argv:
+        current = DOC_PATH.read_text() if DOC_PATH.exists() else ""
+        if current != text:
+            print(f"{DOC_PATH} is stale; run python scripts/update_supported_ops_doc.py")
+            return 1
+        return 0
+    DOC_PATH.write_text(text)
+    print(f"wrote {DOC_PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,185 @@
+"""getSupportedOperations / getSupportedOperationsDefinition / getUnsupportedOperations,
+OperatorIdentifier, OpDefinition and docs/supported_ops.md (spec §6, F81, F82, F87, F88)."""
+
+from __future__ import annotations
+
+import re
+
+import onnx
+import onnx.defs
+import pytest
+
+import popart_backend as popart
+from popart_backend import supported_ops
+from popart_backend.ops.registry import all_registered
+
+# Spec §6.1: PopART 2.3's ai.onnx types; §6.3: the builder-callable ai.graphcore types.
+SPEC_6_1 = """Abs Add And ArgMax ArgMin Asin Atan AveragePool BatchNormalization Cast Ceil Clip
+Concat Constant ConstantOfShape Conv ConvTranspose Cos Cosh CumSum Div Dropout Elu Equal Erf Exp
+Expand Flatten Floor Gather GlobalAveragePool GlobalMaxPool Greater GRU HardSigmoid Identity If
+InstanceNormalization IsInf IsNaN LeakyRelu Less Log LogSoftmax Loop LRN LSTM MatMul Max MaxPool
+Mean Min Mul Neg Not OneHot Or Pad Pow PRelu RandomNormal RandomNormalLike RandomUniform
+RandomUniformLike Reciprocal ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean
+ReduceMin ReduceProd ReduceSum ReduceSumSquare Relu Reshape Resize Round Scan Scatter Selu Shape
+Shrink Sigmoid Sign Sin Sinh Slice Softmax Softplus Softsign Split Sqrt Squeeze Sub Sum Tanh
+ThresholdedRelu Tile TopK Transpose Unsqueeze Upsample Where""".split()
+SPEC_6_3_BUILDER = """Abort Atan2 BitwiseAnd BitwiseNot BitwiseOr BitwiseXor BitwiseXnor Call
+CopyVarUpdate CtcBeamSearchDecoder Ctc DepthToSpace Detach DynamicSlice DynamicUpdate DynamicZero
+DynamicAdd Expm1 Log1p Gelu Swish Round Fmod Remainder GroupNormalization IdentityLoss Init L1 LSTM
+MultiConv Nll Nop PackedDataBlock PrintTensor ReduceMedian ReplicatedAllReduce Reshape Reverse
+Scale ScaledAdd ScatterReduce SequenceSlice ShapedDropout Subsample""".split()
+SPEC_6_3_OTHER = """AddLhsInplace AutoLossScaleProxy BinaryConstScalar ConvFlipWeights Histogram
+HostLoad HostStore LossScaleUpdate RemoteLoad RemoteStore ReplicatedAllGather
+ReplicatedAllReduceInplace ReplicatedReduceScatter Resize Square UnaryZeroGrad Zeros
+ZerosLike""".split()
+
+
+def test_operator_identifier_value_semantics():
+    """F87: domain/type/version, equality, hashing, ordering and PopART's text form."""
+    a = popart.OperatorIdentifier("ai.onnx", "Add", 7)
+    assert (a.domain, a.type, a.version) == ("ai.onnx", "Add", 7)
+    assert a == popart.OperatorIdentifier("", "Add", 7)  # "" is ai.onnx, as in ONNX
+    assert a != popart.OperatorIdentifier("ai.onnx", "Add", 13)
+    assert len({a, popart.OperatorIdentifier("ai.onnx", "Add", 7)}) == 1
+    assert a < popart.OperatorIdentifier("ai.onnx", "Add", 13)
+    assert str(a) == "ai.onnx.Add:7"
+    with pytest.raises(popart.popart_exception, match="version"):
+        popart.OperatorIdentifier("ai.onnx", "Add", 0)
+
+
+def test_supported_operations_match_the_registry():
+    """F81: every registered (domain, type, version) appears with includeInternal=True."""
+    everything = popart.getSupportedOperations(True)
+    registered = {(d, t, v) for d, t, v, _ in all_registered()}
+    listed = {(o.domain, o.type, o.version) for o in everything}
+    assert registered <= listed
+    # The rest are the ONNX sequence ops the importer resolves statically.
+    assert {t for _, t, _ in listed - registered} <= set(supported_ops._STATIC_SEQUENCE_OPS)
+    assert everything == sorted(everything)
+    public = popart.getSupportedOperations(False)
+    assert set(public) < set(everything)
+
+
+def test_spec_6_1_ops_are_public_at_their_popart_versions():
+    """F78: each §6.1 type is listed (control-flow / RNN / random types join as they land)."""
+    public = {(o.type, o.version) for o in popart.getSupportedOperations(False)
+              if o.domain == "ai.onnx"}
+    types = {t for t, _ in public}
+    pending = {"GRU", "LSTM", "If", "Loop", "Scan", "RandomNormal", "RandomNormalLike",
+               "RandomUniform", "RandomUniformLike"}
+    missing = sorted(set(SPEC_6_1) - types - pending)
+    assert not missing, f"§6.1 op types not supported: {missing}"
+    # Spot-check versions spec §6.1 lists.
+    for op_type, version in [("Add", 7), ("Gather", 11), ("Resize", 10), ("Resize", 11),
+                             ("TopK", 10), ("Slice", 10), ("Upsample", 9), ("Clip", 11)]:
+        assert (op_type, version) in public, (op_type, version)
+
+
+def test_internal_ops_are_hidden_unless_asked():
+    """Grad ops, fused kernels, optimizer updates and the training forms are internal."""
+    public = {(o.domain, o.type) for o in popart.getSupportedOperations(False)}
+    internal = {(o.domain, o.type) for o in popart.getSupportedOperations(True)} - public
+    for op in [("ai.graphcore", "ReluGrad"), ("ai.graphcore", "MatMulLhsGrad"),
+               ("ai.graphcore", "SGDUpdate"), ("ai.graphcore", "Accumulate"),
+               ("ai.graphcore", "BatchNormalizationTraining"), ("ai.graphcore", "DropoutTraining"),
+               ("popart.fused", "LinearBias")]:
+        assert op in internal, op
+    assert not any(d == "popart.fused" or t.endswith("Grad") and d == "ai.graphcore"
+                   for d, t in public)
+    for op in [("ai.graphcore", "Nll"), ("ai.graphcore", "L1"), ("ai.graphcore", "IdentityLoss")]:
+        assert op in public, op
+
+
+def test_public_graphcore_ops_are_the_specs():
+    """§6.3: a public ai.graphcore type is builder-callable or listed by the spec; a new internal
+    op must be marked (``public = False`` or a rule of supported_ops.is_public)."""
+    public = {o.type for o in popart.getSupportedOperations(False) if o.domain == "ai.graphcore"}
+    unexpected = sorted(public - set(SPEC_6_3_BUILDER) - set(SPEC_6_3_OTHER))
+    assert not unexpected, (
+        f"ai.graphcore types {unexpected} are public but not in spec §6.3; set `public = False` "
+        f"on internal ops")
+
+
+def test_explicit_public_flag_wins():
+    class Marked:
+        public = True
+        __module__ = "popart_backend.ops.optimizer_updates"
+
+    assert supported_ops.is_public("ai.graphcore", "SomethingGrad", Marked)
+    Marked.public = False
+    assert not supported_ops.is_public("ai.onnx", "Relu", Marked)
+
+
+def test_definition_inputs_outputs_attributes():
+    """F88: OpDefinition from the ONNX schema and the op class (constant inputs, attributes)."""
+    defs = popart.getSupportedOperationsDefinition(False)
+    assert set(defs) == set(popart.getSupportedOperations(False))
+    reduce_sum = defs[popart.OperatorIdentifier("ai.onnx", "ReduceSum", 13)]
+    assert [(i.name, i.constant) for i in reduce_sum.inputs] == [("data", False), ("axes", True)]
+    assert popart.DataType.FLOAT in reduce_sum.inputs[0].supportedTensors
+    assert reduce_sum.inputs[1].supportedTensors == (popart.DataType.INT64,)
+    assert [o.name for o in reduce_sum.outputs] == ["reduced"]
+    assert set(reduce_sum.attributes) == {"keepdims", "noop_with_empty_axes"}
+
+    conv = defs[popart.OperatorIdentifier("ai.onnx", "Conv", 11)]
+    assert [i.name for i in conv.inputs] == ["X", "W", "B"]
+    assert not any(i.constant for i in conv.inputs)
+    assert {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"} <= set(
+        conv.attributes)
+    # bfloat16 is valid ONNX for Add-14 but not modelled, so it is not offered.
+    add14 = defs[popart.OperatorIdentifier("ai.onnx", "Add", 14)]
+    assert popart.DataType.BFLOAT16 not in add14.inputs[0].supportedTensors
+    assert popart.DataType.UINT8 in add14.inputs[0].supportedTensors
+
+    # ai.graphcore ops have no ONNX schema: attributes still come from the op's Attrs.
+    nll = defs[popart.OperatorIdentifier("ai.graphcore", "Nll", 1)]
+    assert "reduction" in nll.attributes
+
+
+@pytest.mark.parametrize("value, attr_type, matches", [
+    (3, onnx.AttributeProto.INT, True),
+    (-2, onnx.AttributeProto.INT, True),
+    (1.5, onnx.AttributeProto.INT, False),
+    (1e-05, onnx.AttributeProto.FLOAT, True),
+    (0.5, onnx.AttributeProto.FLOAT, True),
+    ((1, 2, 3), onnx.AttributeProto.INTS, True),
+    ((), onnx.AttributeProto.INTS, True),
+    ((1.0, 2.5), onnx.AttributeProto.FLOATS, True),
+    ("NOTSET", onnx.AttributeProto.STRING, True),
+])
+def test_attribute_regexes_match_importer_values(value, attr_type, matches):
+    """supportedValuesRegex matches str() of the values the importer hands an op."""
+    regex = supported_ops._ATTRIBUTE_REGEX[attr_type]
+    assert bool(re.fullmatch(regex, str(value))) is matches
+
+
+def test_attribute_is_a_regex_string():
+    defs = popart.getSupportedOperationsDefinition(False)
+    attr = defs[popart.OperatorIdentifier("ai.onnx", "LeakyRelu", 6)].attributes["alpha"]
+    assert attr == attr.supportedValuesRegex
+    assert re.fullmatch(attr.supportedValuesRegex, str(0.01))
+
+
+def test_unsupported_operations():
+    """F81: ONNX ops of an opset without an implementation at that opset's version."""
+    opset11 = popart.getUnsupportedOperations(11)
+    assert "Relu" not in opset11 and "Conv" not in opset11
+    assert "NonMaxSuppression" in opset11  # not implemented
+    assert opset11 == sorted(opset11)
+    # An op implemented only at older versions is unsupported at a newer opset.
+    latest = onnx.defs.onnx_opset_version()
+    public = {(o.type, o.version) for o in popart.getSupportedOperations(True)
+              if o.domain == "ai.onnx"}
+    for op_type in popart.getUnsupportedOperations(latest):
+        version = onnx.defs.get_schema(op_type, latest).since_version
+        assert (op_type, version) not in public
+    with pytest.raises(popart.popart_exception, match="opsetVersion"):
+        popart.getUnsupportedOperations(0)
+
+
+def test_docs_page_is_current():
+    """docs/supported_ops.md is generated; regenerate with scripts/update_supported_ops_doc.py."""
+    path = supported_ops.DOC_PATH
+    assert path.exists(), f"{path} is missing; run python scripts/update_supported_ops_doc.py"
+    assert path.read_text() == supported_ops.render_markdown(), (
+        f"{path} is stale: run python scripts/update_supported_ops_doc.py and commit the result")
