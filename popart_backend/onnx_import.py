@@ -142,7 +142,20 @@ def node_settings(node: onnx.NodeProto, annotations: dict) -> OpSettings:
         recompute=RecomputeType(recompute) if recompute is not None else RecomputeType.Undefined,
         schedule_priority=float(annotations.get("__schedule_priority", 0.0)),
         source=str(annotations.get("__source", "")),
+        comm_group=_comm_group(annotations.get("__collectiveCommGroup")),
     )
+
+
+def _comm_group(value) -> tuple[int, int] | None:
+    """The ``[type, size]`` of a ``__collectiveCommGroup`` annotation, as a tuple."""
+    if value is None:
+        return None
+    if len(value) != 2:
+        raise ModelError(
+            f"Annotation __collectiveCommGroup must be [commGroupType, groupSize], got "
+            f"{list(value)}."
+        )
+    return int(value[0]), int(value[1])
 
 
 def tensor_info_of(value_info: onnx.ValueInfoProto, shape_info: dict) -> TensorInfo:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import NotImplementedOptionError, popart_exception
-from .tensorinfo import TileSet
+from .tensorinfo import ExchangeStrategy, TileSet
 
 __all__ = [
     "AccumulateOuterFragmentSchedule",
@@ -798,15 +798,17 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "prefetchBufferingDepthMap": pending(6, "host-stream prefetch in the cycle model"),
     "groupHostSync": pending(6, "grouped host syncs in the cycle model"),
     "syntheticDataMode": BUILT,
-    "useHostCopyOps": pending(6, "host-copy ops (overlapped IO)"),
-    "enableExplicitMainLoops": pending(6, "explicit main loops (overlapped IO)"),
+    # Host-copy ops and explicit main loops only change the cycle timeline (overlapped IO).
+    "useHostCopyOps": BUILT,
+    "enableExplicitMainLoops": BUILT,
     "enableMergeExchange": pending(6, "merged exchanges in the cycle model"),
-    "numIOTiles": pending(6, "IO tiles"),
+    "numIOTiles": BUILT,
     # VirtualGraphMode.ExecutionPhases is rejected by the virtual-graph pass (issue #6).
     "virtualGraphMode": BUILT,
     "enablePipelining": BUILT,
-    "enableReplicatedGraphs": ByMode(BUILT, pending(5, "replicated training")),
-    "replicatedGraphCount": ByMode(BUILT, pending(5, "replicated training")),
+    # Replicas hold their own state; gradients are all-reduced (transforms/replication.py).
+    "enableReplicatedGraphs": BUILT,
+    "replicatedGraphCount": BUILT,
     # Inference rejects accumulation itself with the spec's message (session.py).
     "enableGradientAccumulation": BUILT,
     "accumulationFactor": BUILT,
@@ -814,9 +816,10 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "meanAccumulationAndReplicationReductionStrategy": ByMode(
         no_effect(_INFERENCE_ONLY_GRADS), BUILT
     ),
-    "enableDistributedReplicatedGraphs": pending(5, "distributed replication"),
-    "globalReplicationFactor": pending(5, "distributed replication"),
-    "globalReplicaOffset": pending(5, "distributed replication"),
+    # Instances meet over torch.distributed (gloo, env://): device/distributed.py.
+    "enableDistributedReplicatedGraphs": BUILT,
+    "globalReplicationFactor": BUILT,
+    "globalReplicaOffset": BUILT,
     "executionPhaseSettings": pending(5, "execution phases"),
     "accumulateOuterFragmentSettings": ByMode(
         no_effect("inference has no accumulate outer fragment"),
@@ -824,11 +827,12 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     ),
     "batchSerializationSettings": pending(6, "batch serialisation"),
     "autodiffSettings": ByMode(no_effect("inference runs no autodiff"), _TRAINING),
-    "activationTensorLocationSettings": pending(6, "tensor locations"),
-    "weightTensorLocationSettings": pending(6, "tensor locations"),
-    "optimizerStateTensorLocationSettings": pending(6, "tensor locations"),
-    "accumulatorTensorLocationSettings": pending(6, "tensor locations"),
-    "tensorLocationSettingsOverride": pending(6, "tensor locations"),
+    # Off-chip storage is built; the RTS parts of a TensorLocation are not (_PENDING_PARTS).
+    "activationTensorLocationSettings": BUILT,
+    "weightTensorLocationSettings": BUILT,
+    "optimizerStateTensorLocationSettings": BUILT,
+    "accumulatorTensorLocationSettings": BUILT,
+    "tensorLocationSettingsOverride": BUILT,
     "enableNonStableSoftmax": pending(7, "non-stable softmax"),
     "enableStableNorm": pending(7, "stable norm"),
     "enableStochasticRounding": pending(7, "stochastic rounding"),
@@ -856,8 +860,8 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "disableGradAccumulationTensorStreams": ByMode(
         no_effect(_INFERENCE_ONLY_GRADS), pending(3, "gradient accumulation streams")
     ),
-    "compilationProgressLogger": no_effect("progress reporting only"),
-    "compilationProgressTotal": no_effect("progress reporting only"),
+    "compilationProgressLogger": BUILT,  # called during prepareDevice() (progress.py)
+    "compilationProgressTotal": BUILT,
     "engineOptions": BUILT,  # only "autoReport.all" is read; other keys are Poplar tuning
     "convolutionOptions": pending(6, "convolution planning options in the cost model"),
     "lstmOptions": pending(6, "LSTM planning options in the cost model"),
@@ -913,6 +917,15 @@ def _differences(path: str, value: Any, default: Any) -> list[str]:
     return [f"{path} = {_fmt(value)} (default {_fmt(default)})"]
 
 
+# Parts of a built option struct that are still pending: replicated tensor sharding needs
+# replicated training (issue #5) and is built on top of it by issue #6.
+_PENDING_PARTS = {
+    "replicatedTensorSharding": pending(
+        6, "replicated tensor sharding (needs replicated training, issue #5)"),
+    "shardingDomain": pending(6, "RTS sharding domains (needs replicated training, issue #5)"),
+}
+
+
 def check_buildable(options: SessionOptions, training: bool) -> None:
     """Raise NotImplementedOptionError naming every non-default option not built yet.
 
@@ -926,12 +939,18 @@ def check_buildable(options: SessionOptions, training: bool) -> None:
     offending = []
     for name, (value, default) in non_default_options(options).items():
         status = option_status(name, training)
-        for diff in _differences(name, value, default):
-            if status.state is BuildState.PENDING:
-                offending.append(f"  - {diff}: {status.note}, to be built by issue #{status.issue}")
-            elif status.state is BuildState.NO_EFFECT:
+        diffs = _differences(name, value, default)
+        if name == "tensorLocationSettingsOverride":
+            diffs = [d for tid, loc in value.items()
+                     for d in _differences(f"{name}[{tid!r}]", loc, TensorLocation())]
+        for diff in diffs:
+            part = next((p for p in _PENDING_PARTS if f".{p}" in diff.split(" = ")[0]), None)
+            state = _PENDING_PARTS[part] if part is not None else status
+            if state.state is BuildState.PENDING:
+                offending.append(f"  - {diff}: {state.note}, to be built by issue #{state.issue}")
+            elif state.state is BuildState.NO_EFFECT:
                 _log.warning(
-                    "SessionOptions.%s has no effect in the simulator: %s.", diff, status.note
+                    "SessionOptions.%s has no effect in the simulator: %s.", diff, state.note
                 )
     if offending:
         raise NotImplementedOptionError(
@@ -940,3 +959,102 @@ def check_buildable(options: SessionOptions, training: bool) -> None:
             + "\n".join(offending)
             + "\nReset them to their defaults to run now."
         )
+
+
+# ----------------------------------------------------------------------------------------------
+# IO tiles and overlapped host IO (spec §9, F100-F104)
+# ----------------------------------------------------------------------------------------------
+
+# PopART 2.3's numIOTiles range on a full-size IPU.
+IO_TILES_MIN, IO_TILES_MAX = 32, 192
+_OVERLAP = (ExchangeStrategy.OverlapInnerLoop, ExchangeStrategy.OverlapLoops)
+_LOCATION_SETTINGS = ("activationTensorLocationSettings", "weightTensorLocationSettings",
+                      "optimizerStateTensorLocationSettings", "accumulatorTensorLocationSettings")
+
+
+def check_io_options(options: SessionOptions, streams: dict[str, tuple[TileSet, ExchangeStrategy]],
+                     tiles_per_ipu: int, full_chip_tiles: int) -> None:
+    """Check ``numIOTiles``, ``enableExplicitMainLoops`` / ``useHostCopyOps`` and the tile set
+    and exchange strategy of each host stream (``streams``: "input 'x'" / "anchor 'y'" ->
+    (TileSet, ExchangeStrategy)) against the device's tile count. Raises popart_exception.
+
+    PopART 2.3 wants an even ``numIOTiles`` in [32, 192]; a simulated device with fewer tiles
+    than the real chip (IpuModel default: 4) accepts any even 0 < n < tilesPerIPU with a
+    warning instead (spec §9 decision).
+    """
+    n = options.numIOTiles
+    if n < 0 or n % 2:
+        raise popart_exception(
+            f"SessionOptions.numIOTiles = {n}: the number of IO tiles must be an even number "
+            f"(0 for none)."
+        )
+    if n > 0:
+        if n >= tiles_per_ipu:
+            raise popart_exception(
+                f"SessionOptions.numIOTiles = {n} leaves no compute tiles: the device has "
+                f"{tiles_per_ipu} tiles per IPU. Use an even number below {tiles_per_ipu}, or a "
+                f"device with more tiles (createIpuModelDevice({{'tilesPerIPU': ...}}))."
+            )
+        if not IO_TILES_MIN <= n <= IO_TILES_MAX:
+            if tiles_per_ipu >= full_chip_tiles:
+                raise popart_exception(
+                    f"SessionOptions.numIOTiles = {n} is outside [{IO_TILES_MIN}, "
+                    f"{IO_TILES_MAX}], the range for a full IPU of {tiles_per_ipu} tiles. Use an "
+                    f"even number in that range."
+                )
+            _log.warning(
+                "SessionOptions.numIOTiles = %d is outside PopART's range [%d, %d]; accepted "
+                "because the simulated device has only %d tiles per IPU (%d compute tiles).",
+                n, IO_TILES_MIN, IO_TILES_MAX, tiles_per_ipu, tiles_per_ipu - n)
+        if options.virtualGraphMode is VirtualGraphMode.Off:
+            raise popart_exception(
+                f"SessionOptions.numIOTiles = {n} needs virtual graphs (each IPU's graph is split "
+                f"into compute and IO tile sets): set virtualGraphMode to VirtualGraphMode.Manual "
+                f"or VirtualGraphMode.Auto."
+            )
+    if options.enableExplicitMainLoops and not options.useHostCopyOps:
+        raise popart_exception(
+            "enableExplicitMainLoops requires useHostCopyOps: set SessionOptions.useHostCopyOps "
+            "= True as well, or turn enableExplicitMainLoops off."
+        )
+    for what, (tile_set, strategy) in streams.items():
+        if strategy is ExchangeStrategy.OverlapStep:
+            raise popart_exception(
+                f"ExchangeStrategy::OverlapStep is not yet supported. {what} asks for it; use "
+                f"ExchangeStrategy.OverlapInnerLoop or OverlapLoops."
+            )
+        if tile_set is TileSet.IO and n == 0:
+            raise popart_exception(
+                f"{what} is streamed to TileSet.IO, but SessionOptions.numIOTiles = 0. Set "
+                f"numIOTiles to an even number of IO tiles or use TileSet.Compute."
+            )
+        if strategy in _OVERLAP:
+            missing = [text for text, ok in (
+                ("useHostCopyOps = True", options.useHostCopyOps),
+                ("enableExplicitMainLoops = True", options.enableExplicitMainLoops),
+                ("virtualGraphMode Manual or Auto",
+                 options.virtualGraphMode is not VirtualGraphMode.Off),
+            ) if not ok]
+            if missing:
+                raise popart_exception(
+                    f"{what} uses ExchangeStrategy.{strategy.name}, which needs "
+                    f"{', '.join(missing)} in SessionOptions (overlapped IO runs in explicit "
+                    f"main loops with host-copy ops on virtual graphs)."
+                )
+            if tile_set is not TileSet.IO:
+                _log.warning(
+                    "%s uses ExchangeStrategy.%s on TileSet.Compute: it compiles and runs, but "
+                    "only streams on TileSet.IO overlap with compute, so there is no speed-up.",
+                    what, strategy.name)
+    if n == 0:
+        locations = [(f"{name}.location", getattr(options, name).location)
+                     for name in _LOCATION_SETTINGS]
+        locations += [(f"tensorLocationSettingsOverride[{tid!r}]", loc)
+                      for tid, loc in options.tensorLocationSettingsOverride.items()]
+        for where, loc in locations:
+            for field_name in ("loadTileSet", "storageTileSet"):
+                if getattr(loc, field_name) is TileSet.IO:
+                    raise popart_exception(
+                        f"SessionOptions.{where}.{field_name} = TileSet.IO, but numIOTiles = 0. "
+                        f"Set numIOTiles to an even number of IO tiles or use TileSet.Compute."
+                    )

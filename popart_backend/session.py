@@ -19,28 +19,31 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from . import progress
 from .dataflow import DataFlow, PyWeightsIO, anchor_shape
 from .device.analysis import DeviceModel, analyse
 from .device.cost import BatchInfo
+from .device.distributed import check_global_replication, replica_comm
 from .device.lower import Program, lower
 from .device.manager import DeviceConnectionType
 from .device.simulator import SimulatedDevice
-from .errors import NotImplementedOptionError, popart_exception, popart_runtime_error
+from .errors import popart_exception, popart_runtime_error
 from .ir.dot import DotWriter
 from .ir.dump import dump_on_error, maybe_dump_ir
 from .ir.ir import Ir
 from .ir.tensor import TensorKind
 from .onnx_import import LoadedModel, import_model, initializer_value, load_model
 from .optimizers import Optimizer
-from .options import DotCheck, Patterns, SessionOptions, SyntheticDataMode, check_buildable
-from .report import PROFILING_DISABLED, Report, profiling_enabled, summary_text
-from .tensorinfo import (
-    ExchangeStrategy,
-    InputShapeInfo,
-    TensorInfo,
-    TileSet,
-    input_settings_from_model,
+from .options import (
+    DotCheck,
+    Patterns,
+    SessionOptions,
+    SyntheticDataMode,
+    check_buildable,
+    check_io_options,
 )
+from .report import PROFILING_DISABLED, Report, profiling_enabled, summary_text
+from .tensorinfo import InputShapeInfo, TensorInfo, input_settings_from_model
 from .transforms.pipeline import ApplyOptimizer, inference_passes, run_passes, training_passes
 
 __all__ = ["InferenceSession", "TrainingSession"]
@@ -96,14 +99,20 @@ class SessionBase:
         self._patterns = patterns
         self._data_flow = dataFlow
         self._device_info = deviceInfo
+        check_global_replication(userOptions)
         self._replication_factor = (
             userOptions.replicatedGraphCount if userOptions.enableReplicatedGraphs else 1
         )
+        # All replicas of all instances (global replication, spec §5.3): gradients reduce
+        # over them; host data and anchors hold only the local ones.
+        self._global_replication_factor = (
+            userOptions.globalReplicationFactor
+            if userOptions.enableDistributedReplicatedGraphs else self._replication_factor
+        )
         self._accumulation_factor = userOptions.getAccumulationFactor()
-        self._check_anchor_settings(dataFlow)
 
         self._model: LoadedModel = load_model(fnModel)
-        self._check_input_settings()
+        self._check_io_settings()
         self._dots = DotWriter(userOptions)  # also rejects a bad POPART_DOT_CHECKS
         graph_name = self._model.proto.graph.name
         self._ir = None
@@ -118,7 +127,9 @@ class SessionBase:
             if not self._training:
                 self._check_anchors_exist()
             self._ir.anchors = dataFlow.anchors()
-            self._dots.run_passes(self._ir, self._passes(), run_passes)
+            passes = self._passes()
+            with progress.track(f"{name}: IR passes", len(passes), "pass") as steps:
+                self._dots.run_passes(self._ir, passes, progress.counting(run_passes, steps))
             if self._training:
                 self._check_anchors_exist()
         maybe_dump_ir(self._ir, graph_name)
@@ -153,26 +164,15 @@ class SessionBase:
     def _check_mode_options(self, options: SessionOptions) -> None:
         pass
 
-    def _check_anchor_settings(self, data_flow: DataFlow) -> None:
-        for anchor_id in data_flow.anchors():
-            art = data_flow.art(anchor_id)
-            if art.tileSet() is not TileSet.Compute or (
-                art.exchangeStrategy() is not ExchangeStrategy.JustInTime
-            ):
-                raise NotImplementedOptionError(
-                    f"Anchor '{anchor_id}' asks for TileSet.{art.tileSet().name} / "
-                    f"ExchangeStrategy.{art.exchangeStrategy().name}: IO tiles and overlapped "
-                    f"IO are not built yet; issue #6 builds them. Use the defaults "
-                    f"(TileSet.Compute, ExchangeStrategy.JustInTime) to run now."
-                )
-
-    def _check_input_settings(self) -> None:
-        for tensor_id, settings in input_settings_from_model(self._model.proto).items():
-            if not settings.is_default():
-                raise NotImplementedOptionError(
-                    f"Input '{tensor_id}' has {settings!r}: IO tiles and overlapped IO are not "
-                    f"built yet; issue #6 builds them. Use the default InputSettings to run now."
-                )
+    def _check_io_settings(self) -> None:
+        """numIOTiles and the tile set / exchange strategy of each input and anchor (F100-F104)."""
+        streams = {f"Input '{tensor_id}'": (s.tileSet(), s.exchangeStrategy())
+                   for tensor_id, s in input_settings_from_model(self._model.proto).items()}
+        for anchor_id in self._data_flow.anchors():
+            art = self._data_flow.art(anchor_id)
+            streams[f"Anchor '{anchor_id}'"] = (art.tileSet(), art.exchangeStrategy())
+        spec = self._device_info.spec
+        check_io_options(self._options, streams, spec.num_tiles, spec.full_chip_tiles)
 
     def _check_anchors_exist(self) -> None:
         tensors = self._ir.main.tensors
@@ -232,13 +232,21 @@ class SessionBase:
             _log.info("compileEngine is False: the IR is built, no engine is compiled.")
             return
         if self._device is None:
-            device = SimulatedDevice(
-                self._program, _SYNTHETIC[self._options.syntheticDataMode], self._random_seed)
-            # The memory and cycle model of the simulated IPU (DESIGN decision 8): raises
-            # OutOfMemoryException when a tile or an IPU overflows.
-            self._device_model = analyse(self._ir, device.plan.order, self._device_info,
-                                         self._options, BatchInfo.from_program(self._program))
-            self._device_model.check_fits(summary_text(self._device_model))
+            with progress.track(f"{self.name}: prepareDevice", 3, "stage",
+                                self._options.compilationProgressLogger,
+                                self._options.compilationProgressTotal) as steps:
+                device = SimulatedDevice(
+                    self._program, _SYNTHETIC[self._options.syntheticDataMode], self._random_seed,
+                    replica_comm(self._options, self._replication_factor))
+                progress.step(steps, "device model")
+                # The memory and cycle model of the simulated IPU (DESIGN decision 8): raises
+                # OutOfMemoryException when a tile or an IPU overflows.
+                self._device_model = analyse(self._ir, device.plan.order, self._device_info,
+                                             self._options, BatchInfo.from_program(self._program),
+                                             program=self._program, model=self._model.proto)
+                progress.step(steps, "memory check")
+                self._device_model.check_fits(summary_text(self._device_model))
+                progress.step(steps)
             self._device = device
         if loadEngine:
             self.loadEngineAndConnectStreams()
@@ -580,7 +588,7 @@ class TrainingSession(SessionBase):
     def _passes(self) -> list:
         self._check_loss()
         passes = training_passes(self._options, self._loss_id, self._optimizer,
-                                 self._accumulation_factor, self._replication_factor,
+                                 self._accumulation_factor, self._global_replication_factor,
                                  self._ipus_per_replica(), self._data_flow.batchesPerStep())
         self._apply_optimizer = next(p for p in passes if isinstance(p, ApplyOptimizer))
         return passes

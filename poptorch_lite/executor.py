@@ -6,6 +6,12 @@ executable compiled for that input signature (a new signature traces and compile
 warning). The executable is a ``popart_backend`` session built from the traced ONNX model; inputs
 go in as one ``PyStepIO`` per call (``deviceIterations`` × accumulation micro-batches), outputs
 come back per ``OutputMode`` reshaped PopTorch-style (§2.4 stacking rule).
+
+Training wrappers build the backend optimizer from the torch/lite optimizer
+(``optimizer_translation.py``), leave the host weights stale after each run and pull them on
+first host access (``weight_sync.py``, P10), and move optimizer state between the device and
+``optimizer.state`` (torch's format) when ``optimizer.state_dict()`` is called, at
+``detachFromDevice()`` / ``destroy()``, and after ``load_state_dict`` (P56).
 """
 
 from __future__ import annotations
@@ -13,14 +19,16 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+import weakref
 
 import numpy as np
 import onnx
 import popart_backend as popart
 import torch
+import tqdm
 from torch.utils import _pytree as pytree
 
-from . import tracing
+from . import optimizer_translation, tracing, weight_sync
 from .blocks import block_annotations
 from .errors import Error
 from .options import ConnectionType, Options, OutputMode
@@ -40,11 +48,13 @@ _post_compile_hooks: list = []
 class _Executable:
     """One compiled input signature: traced model, backend session and IO tables."""
 
-    def __init__(self, traced: tracing.TracedModel, session, divisor: int, device_weights):
+    def __init__(self, traced: tracing.TracedModel, session, divisor: int, device_weights,
+                 translation=None):
         self.traced = traced
         self.session = session
         self.divisor = divisor
         self.device_weights = device_weights  # ONNX initializer -> FQN, device-held only
+        self.translation = translation  # training: the optimizer as compiled
 
 
 class PoplarExecutor:
@@ -65,6 +75,16 @@ class PoplarExecutor:
                 f"Options.Training.gradientAccumulation({accumulation}) is only for training "
                 f"wrappers; an inference wrapper needs 1. Use Options.deviceIterations to run "
                 f"more batches per call.")
+        link = weight_sync.link_of(model)
+        if training:
+            if link.training is not None:
+                raise RuntimeError(
+                    "This model is already held by a training wrapper; call destroy() on it "
+                    "before wrapping the model for training again.")
+            for name, buffer in model.named_buffers():
+                if type(buffer) is not torch.Tensor:
+                    raise Error(f"Buffer '{name}' is a {type(buffer).__name__}, not a plain "
+                                f"torch.Tensor; training wrappers need plain buffers.")
         options._freeze()
         private = options.clone()
         if private.output_mode is OutputMode.Default:
@@ -83,6 +103,17 @@ class PoplarExecutor:
         d["_attached"] = False
         d["_warned"] = set()
         d["_compile_seconds"] = None
+        d["_link"] = link
+        d["_seen_version"] = -1  # inference: training weights version last pulled (P11)
+        d["_optimizer_hooks"] = []
+        d["_optimizer_state_dirty"] = False  # device optimizer state newer than the host's
+        d["_optimizer_state_pending"] = False  # host optimizer state to write before a run
+        d["_steps_done"] = 0  # optimizer steps made on the device since compile
+        d["_micro_batches_pending"] = 0  # BatchNorm num_batches_tracked not yet on the host
+        if training:
+            link.set_training(self)
+            weight_sync.install_hooks(model, link)
+            self._hook_optimizer(optimizer)
 
     # --- pass-through ------------------------------------------------------------------------
 
@@ -121,8 +152,7 @@ class PoplarExecutor:
 
     def state_dict(self, *args, **kwargs):
         """The user model's state dict; a training wrapper pulls device weights first."""
-        if self._training and self.isCompiled() and self._attached:
-            self.copyWeightsToHost()
+        self._link.pull()
         return self._user_model.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict, strict: bool = True):
@@ -202,23 +232,42 @@ class PoplarExecutor:
         return executable
 
     def _switch_to(self, executable: _Executable, fresh: bool) -> None:
-        if self._active is not None and self._training and self._attached:
-            self.copyWeightsToHost()
+        # The host is current here: _compile() pulled before tracing, or we pull now.
+        self._link.pull()
+        previous = self._active
+        if previous is not None and self._training and self._attached:
+            self._read_optimizer_state()
         self.__dict__["_active"] = executable
         if not fresh and self._attached:
             self.copyWeightsToDevice()
+        if self._training and previous is not None and self._attached:
+            # The new executable continues from the old one's optimizer state.
+            self._write_optimizer_state()
 
     def _compile(self, leaves, signature) -> _Executable:
         for hook in _pre_compile_hooks:
             hook()
         start = time.monotonic()
+        self._link.pull()  # the trace bakes the host weights into the initializers
         divisor = tracing.check_combined_batch(signature, self._options)
-        traced = self._trace(leaves, signature, divisor)
-        tracing.check_supported(traced)
-        session = self._build_session(traced)
-        device_weights = self._device_weight_map(session, traced)
-        executable = _Executable(traced, session, divisor, device_weights)
+        kind = "training" if self._training else "inference"
+        with tqdm.tqdm(total=3, desc=f"Compiling {kind} model", unit="phase", leave=False,
+                       disable=not self._options._values["showCompilationProgressBar"]) as bar:
+            bar.set_postfix_str("trace + ONNX export")
+            traced = self._trace(leaves, signature, divisor)
+            bar.update()
+            bar.set_postfix_str("check ops")
+            tracing.check_supported(traced)
+            if self._training:
+                self._check_batch_norms()
+            bar.update()
+            bar.set_postfix_str("build session + prepareDevice")
+            session, translation = self._build_session(traced)
+            device_weights = self._device_weight_map(session, traced)
+            bar.update()
+        executable = _Executable(traced, session, divisor, device_weights, translation)
         self.__dict__["_compile_seconds"] = time.monotonic() - start
+        _log.info("compiled the %s model in %.2f s", kind, self._compile_seconds)
         if not self._offline():
             self.__dict__["_attached"] = True
         for hook in _post_compile_hooks:
@@ -286,10 +335,11 @@ class PoplarExecutor:
         data_flow = popart.DataFlow(n, anchors)
         session_options = self._options.to_backend(self._training)
         device = self._acquire_device(self._num_ipus(traced))
+        translation = None
         try:
             if self._training:
-                session = self._build_training_session(traced, data_flow, device,
-                                                       session_options)
+                session, translation = self._build_training_session(
+                    traced, data_flow, device, session_options)
             else:
                 session = popart.InferenceSession(traced.proto, data_flow, device,
                                                   userOptions=session_options,
@@ -301,17 +351,39 @@ class PoplarExecutor:
                 session.weightsFromHost()
         except popart.popart_exception as exc:
             raise backend_error(exc, traced) from exc
-        return session
+        if translation is not None and not self._offline() and self._optimizer.state:
+            # e.g. Adagrad's initial accumulator, or a state loaded from a checkpoint
+            self._write_optimizer_state(session, translation)
+        return session, translation
 
     def _build_training_session(self, traced, data_flow, device, session_options):
-        from .optim import to_backend_optimizer
-
         loss_id = find_loss(traced)
-        fqn_to_onnx = {fqn: name for name, fqn in traced.param_map.items()}
-        optimizer = to_backend_optimizer(self._optimizer, self._user_model, fqn_to_onnx)
-        return popart.TrainingSession(traced.proto, data_flow, loss_id, optimizer, device,
-                                      userOptions=session_options,
-                                      name=self._options._values["modelName"] or "training")
+        translation = optimizer_translation.translate(
+            self._optimizer, self._user_model, traced.param_map, self._running_stat_names())
+        session = popart.TrainingSession(traced.proto, data_flow, loss_id, translation.backend,
+                                         device, userOptions=session_options,
+                                         name=self._options._values["modelName"] or "training")
+        return session, translation
+
+    def _batch_norms(self) -> list[tuple[str, torch.nn.modules.batchnorm._BatchNorm]]:
+        """BatchNorm modules that update running statistics in this (training) wrapper."""
+        return [(name, m) for name, m in self._user_model.named_modules()
+                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                and m.track_running_stats and self._flags.get(name, m.training)]
+
+    def _check_batch_norms(self) -> None:
+        for name, module in self._batch_norms():
+            if module.momentum is None:
+                raise Error(f"BatchNorm '{name}' has momentum=None (cumulative moving average), "
+                            f"which the device does not implement; give it a momentum "
+                            f"(torch's default is 0.1).")
+
+    def _running_stat_names(self) -> set[str]:
+        names = set()
+        for name, _ in self._batch_norms():
+            prefix = f"{name}." if name else ""
+            names.update((prefix + "running_mean", prefix + "running_var"))
+        return names
 
     @staticmethod
     def _device_weight_map(session, traced: tracing.TracedModel) -> dict[str, str]:
@@ -340,6 +412,8 @@ class PoplarExecutor:
     def copyWeightsToHost(self) -> None:  # noqa: N802
         """Device weights -> the user model's parameters and buffers, by name (P8)."""
         executable = self._require_compiled("copyWeightsToHost()")
+        if self._training:
+            self._link.host_dirty = False
         session = executable.session
         state = self._state_tensors()
         arrays = {onnx_name: np.empty(tuple(state[fqn].shape),
@@ -350,15 +424,153 @@ class PoplarExecutor:
         with torch.no_grad():
             for onnx_name, fqn in executable.device_weights.items():
                 state[fqn].copy_(torch.from_numpy(arrays[onnx_name]))
+            pending = self._micro_batches_pending
+            if pending:
+                # torch counts BatchNorm forward calls; the device does not keep the count.
+                for _, module in self._batch_norms():
+                    module.num_batches_tracked.add_(pending)
+                self.__dict__["_micro_batches_pending"] = 0
 
     def copyWeightsToDevice(self) -> None:  # noqa: N802
         """The user model's parameters and buffers -> device (P9)."""
         executable = self._require_compiled("copyWeightsToDevice()")
+        self._link.pull()
         state = self._state_tensors()
         arrays = {onnx_name: np.ascontiguousarray(state[fqn].detach().cpu().numpy())
                   for onnx_name, fqn in executable.device_weights.items()}
-        executable.session.writeWeights(popart.PyWeightsIO(arrays))
-        executable.session.weightsFromHost()
+        session = executable.session
+        if self._training and self._attached:
+            # weightsFromHost() writes every variable: refresh the host copies of the
+            # optimizer state first so they are not rolled back.
+            session.weightsToHost()
+        session.writeWeights(popart.PyWeightsIO(arrays))
+        session.weightsFromHost()
+        if self._training:
+            self._link.device_moved()
+            self._link.host_dirty = False
+
+    # --- optimizer -------------------------------------------------------------------------
+
+    def _hook_optimizer(self, optimizer) -> None:
+        """state_dict() of the optimizer reads device state; load_state_dict() queues a write."""
+        ref = weakref.ref(self)
+
+        def before_state_dict(_optimizer):
+            wrapper = ref()
+            if wrapper is not None and wrapper._optimizer_state_dirty:
+                wrapper._read_optimizer_state()
+
+        def after_load_state_dict(_optimizer):
+            wrapper = ref()
+            if wrapper is not None:
+                wrapper.__dict__["_optimizer_state_dirty"] = False
+                wrapper.__dict__["_optimizer_state_pending"] = True
+                step = _state_step(_optimizer)
+                if step is not None:
+                    wrapper.__dict__["_steps_done"] = step
+
+        self._optimizer_hooks.extend([
+            optimizer.register_state_dict_pre_hook(before_state_dict),
+            optimizer.register_load_state_dict_post_hook(after_load_state_dict)])
+        step = _state_step(optimizer)
+        if step is not None:
+            self.__dict__["_steps_done"] = step
+
+    def _unhook_optimizer(self) -> None:
+        for handle in self._optimizer_hooks:
+            handle.remove()
+        self._optimizer_hooks.clear()
+
+    def _read_optimizer_state(self) -> None:
+        """Device optimizer state -> ``optimizer.state`` in torch's format (and ``_ipu_state``)."""
+        executable = self._active
+        if executable is None or executable.translation is None or not self._attached:
+            return
+        self.__dict__["_optimizer_state_dirty"] = False
+        translation = executable.translation
+        session = executable.session
+        session.weightsToHost()
+        ids = [slot.backend_id for slots in translation.state.values() for slot in slots
+               if slot.backend_id is not None]
+        ids += [i for ids_ in translation.internal_state.values() for i in ids_]
+        arrays = {tid: _host_array(session, tid) for tid in ids}
+        if arrays:
+            session.readWeights(popart.PyWeightsIO(arrays))
+        optimizer = self._optimizer
+        for weight_id, slots in translation.state.items():
+            param = translation.weights[weight_id]
+            entry = {}
+            for slot in slots:
+                if slot.backend_id is None:
+                    entry[slot.torch_key] = torch.tensor(float(self._steps_done))
+                elif slot.torch_key == "step":
+                    entry["step"] = torch.tensor(float(arrays[slot.backend_id]))
+                else:
+                    value = torch.from_numpy(arrays[slot.backend_id].copy())
+                    entry[slot.torch_key] = (value / slot.scale if slot.scale != 1.0
+                                             else value).to(param.dtype)
+            if entry:
+                optimizer.state[param] = entry
+        if hasattr(optimizer, "_ipu_state"):
+            optimizer._ipu_state = {tid: torch.from_numpy(a.copy()) for tid, a in arrays.items()}
+            optimizer._ipu_param = dict(translation.backend.hyper_parameter_values(None))
+
+    def _write_optimizer_state(self, session=None, translation=None) -> None:
+        """``optimizer.state`` (torch's format) -> the device; missing entries start at zero."""
+        if session is None:
+            executable = self._active
+            session, translation = executable.session, executable.translation
+        self.__dict__["_optimizer_state_pending"] = False
+        optimizer = self._optimizer
+        arrays = {}
+        for weight_id, slots in translation.state.items():
+            entry = optimizer.state.get(translation.weights[weight_id], {})
+            for slot in slots:
+                if slot.backend_id is None:
+                    continue
+                value = entry.get(slot.torch_key)
+                array = _host_array(session, slot.backend_id)
+                if value is not None:
+                    array[...] = (torch.as_tensor(value).detach().float()
+                                  * slot.scale).numpy().astype(array.dtype)
+                arrays[slot.backend_id] = array
+            started = bool(entry)
+            for tid in translation.internal_state[weight_id]:
+                array = _host_array(session, tid)
+                array[...] = float(self._steps_done if started else 0)
+                arrays[tid] = array
+        if not arrays:
+            return
+        session.weightsToHost()
+        session.writeWeights(popart.PyWeightsIO(arrays))
+        session.weightsFromHost()
+
+    def setOptimizer(self, optimizer) -> None:  # noqa: N802
+        """Use ``optimizer``'s current hyper-parameters (or a new optimizer object) from the
+        next run, without recompiling (P12). Call it after an LR scheduler's ``step()``."""
+        if not self._training:
+            raise Error("setOptimizer(): this is an inference wrapper; it has no optimizer.")
+        previous = self._optimizer
+        if optimizer is not previous:
+            if self.isCompiled() and self._attached:
+                self._read_optimizer_state()  # the old object keeps its trained state
+            self._unhook_optimizer()
+            self.__dict__["_optimizer"] = optimizer
+            self._hook_optimizer(optimizer)
+        executable = self._active
+        if executable is None:
+            return
+        translation = optimizer_translation.translate(
+            optimizer, self._user_model, executable.traced.param_map,
+            self._running_stat_names(), compiled=executable.translation)
+        optimizer_translation.check_replacement(executable.translation, translation, optimizer)
+        try:
+            executable.session.updateOptimizerFromHost(translation.backend)
+        except popart.popart_exception as exc:
+            raise backend_error(exc, executable.traced) from exc
+        executable.translation = translation
+        if optimizer is not previous:
+            self.__dict__["_optimizer_state_pending"] = True
 
     # --- device ------------------------------------------------------------------------------
 
@@ -368,6 +580,8 @@ class PoplarExecutor:
             raise Error("detachFromDevice(): the device is not attached.")
         if self._training:
             self.copyWeightsToHost()
+            if self._optimizer_state_dirty:
+                self._read_optimizer_state()
         self._device.detach()
         self.__dict__["_attached"] = False
 
@@ -384,14 +598,23 @@ class PoplarExecutor:
         self.__dict__["_attached"] = True
         executable.session.loadEngineAndConnectStreams()
         self.copyWeightsToDevice()
+        if self._training:
+            self._write_optimizer_state()
 
     def destroy(self) -> None:
-        """Sync weights (training), release the device and drop every executable (P14)."""
+        """Sync weights and optimizer state (training), release the device, drop every
+        executable and restore the user model's classes (P14)."""
+        if self._training and self._link.training is self:
+            if self.isCompiled() and self._attached:
+                self.copyWeightsToHost()
+                if self._optimizer_state_dirty:
+                    self._read_optimizer_state()
+            self._unhook_optimizer()
+            weight_sync.remove_hooks(self._user_model)
+            self._link.set_training(None)
         if not self.isCompiled():
             return
-        if self._training and self._attached:
-            self.copyWeightsToHost()
-        if self._device is not None:
+        if self._device is not None and self._attached:
             self._device.detach()
         d = self.__dict__
         d["_executables"] = {}
@@ -438,7 +661,21 @@ class PoplarExecutor:
             self._warned.add(key)
             warnings.warn(message, UserWarning, stacklevel=4)
 
+    def _sync_before_run(self) -> None:
+        if self._training:
+            if self._optimizer_state_pending:
+                self._write_optimizer_state()
+            return
+        # P11: pull the weights a training wrapper of the same model moved since our last run.
+        link = self._link
+        trainer = link.training
+        if trainer is not None and trainer.isCompiled() and link.version != self._seen_version:
+            link.pull()
+            self.copyWeightsToDevice()
+        self.__dict__["_seen_version"] = link.version
+
     def _run(self, executable: _Executable, leaves):
+        self._sync_before_run()
         traced = executable.traced
         inputs = {}
         for leaf, spec, name in zip(leaves, traced.signature.leaves, traced.input_names):
@@ -455,6 +692,17 @@ class PoplarExecutor:
             session.run(popart.PyStepIO(inputs, anchors))
         except popart.popart_exception as exc:
             raise backend_error(exc, traced) from exc
+        if self._training:
+            n = self._options.device_iterations
+            self._link.device_moved()
+            d = self.__dict__
+            d["_optimizer_state_dirty"] = True
+            d["_steps_done"] += n
+            d["_micro_batches_pending"] += n * self._options._values[
+                "Training.gradientAccumulation"]
+            # The device ran the optimizer's steps: tell torch's LR schedulers, which check
+            # this flag to warn about scheduler.step() before optimizer.step().
+            self._optimizer._opt_called = True
         return self._outputs(executable, anchors)
 
     def _outputs(self, executable: _Executable, anchors: dict):
@@ -482,6 +730,26 @@ class PoplarExecutor:
             return leaves[0] if len(leaves) == 1 else tuple(leaves)
         return pytree.tree_unflatten(leaves, traced.output_spec)
 
+
+
+def _host_array(session, tensor_id: str) -> np.ndarray:
+    """A zeroed array shaped like the session's variable ``tensor_id``."""
+    try:
+        info = session.getInfo(tensor_id)
+    except popart.popart_exception as exc:
+        raise Error(f"The compiled session has no optimizer tensor '{tensor_id}' (the backend "
+                    f"names optimizer state as docs/training.md fixes: Accl___<w>, "
+                    f"Accl1___<w>, Step___<w>, ...): {exc}") from exc
+    return np.zeros(tuple(info.shape()), dtype=np.dtype(info.data_type_lcase()))
+
+
+def _state_step(optimizer) -> int | None:
+    """The step count stored in a torch optimizer's state, if any."""
+    for entry in optimizer.state.values():
+        step = entry.get("step") if isinstance(entry, dict) else None
+        if step is not None:
+            return int(float(step))
+    return None
 
 
 def _numpy_dtype(dtype: torch.dtype):

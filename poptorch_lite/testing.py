@@ -3,7 +3,10 @@
 ``assert_allclose(actual=..., expected=...)`` compares nested outputs with the per-dtype
 tolerances of STYLE.md §4; ``compare_with_cpu(model, inputs, ...)`` wraps a copy of a model,
 runs it and the eager model on the same inputs and checks outputs (and, after
-``copyWeightsToHost()``, every parameter and buffer by name).
+``copyWeightsToHost()``, every parameter and buffer by name); ``run_reference(model,
+optimizer, batches, options)`` trains an eager model the way a training wrapper does (§2.4:
+micro-batch order, gradient accumulation, one optimizer step per device iteration) and returns
+what the wrapper would return for each call.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import copy
 
 import torch
 
-__all__ = ["allclose", "assert_allclose", "assert_allequal", "compare_with_cpu"]
+__all__ = ["allclose", "assert_allclose", "assert_allequal", "compare_with_cpu", "run_reference"]
 
 # (rtol, atol) per dtype; integers and bools compare exactly.
 _TOLERANCES = {torch.float32: (1e-5, 1e-6), torch.float16: (1e-3, 1e-3),
@@ -97,3 +100,73 @@ def compare_with_cpu(model: torch.nn.Module, *inputs, options=None, rtol=None, a
     finally:
         wrapper.destroy()
     return actual
+
+
+def run_reference(model: torch.nn.Module, optimizer, batches, options=None, loss_index=None):
+    """Train ``model`` eagerly like a training wrapper with ``options``; per-call outputs.
+
+    ``batches``: one tuple of positional inputs per wrapper call (combined batches of
+    ``B·N·G`` rows). For each of the N device iterations the G micro-batches (rows
+    ``(n·G + g)·B …``) run forward and backward with the loss divided by G (Mean reduction; Sum
+    keeps it), then ``optimizer.step()`` runs once. The loss is the output at ``loss_index``
+    of the flattened result (default: the last 0-d float output). Returned outputs follow the
+    options' output mode (default Final), stacked as §2.4 says. Replication is not modelled.
+    """
+    from torch.utils import _pytree as pytree
+
+    from .options import Options, ReductionType
+
+    options = Options() if options is None else options
+    n = options.device_iterations
+    g = options._values["Training.gradientAccumulation"]
+    mean = options._values["Training.accumulationAndReplicationReductionType"] is (
+        ReductionType.Mean)
+    mode = options.resolved_output_mode(True)
+    period = options.output_return_period
+    results = []
+    for call_inputs in batches:
+        rows = next(t.shape[0] for t in call_inputs if isinstance(t, torch.Tensor) and t.dim())
+        b = rows // (n * g)
+        per_micro = []
+        for i in range(n):
+            optimizer.zero_grad()
+            for j in range(g):
+                start = (i * g + j) * b
+                micro = [t[start:start + b] if isinstance(t, torch.Tensor) and t.dim() else t
+                         for t in call_inputs]
+                out = model(*micro)
+                leaves, spec = pytree.tree_flatten(out)
+                index = loss_index if loss_index is not None else max(
+                    k for k, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)
+                    and leaf.dim() == 0 and leaf.is_floating_point())
+                (leaves[index] / g if mean else leaves[index]).backward()
+                per_micro.append([leaf.detach() if isinstance(leaf, torch.Tensor) else leaf
+                                  for leaf in leaves])
+            optimizer.step()
+        results.append(pytree.tree_unflatten(_stack(per_micro, mode, period, g), spec))
+    return results
+
+
+def _stack(per_micro: list, mode, period: int, g: int) -> list:
+    from .options import OutputMode
+
+    if mode is OutputMode.Final:
+        chosen = [per_micro[-1]]
+    elif mode is OutputMode.Sum:
+        return [sum(m[k] for m in per_micro) if isinstance(per_micro[0][k], torch.Tensor)
+                else per_micro[0][k] for k in range(len(per_micro[0]))]
+    elif mode is OutputMode.EveryN:
+        chosen = [m for index, m in enumerate(per_micro) if (index // g) % period == period - 1]
+    else:
+        chosen = per_micro
+    if len(chosen) == 1:
+        return chosen[0]
+    out = []
+    for k, leaf in enumerate(chosen[0]):
+        if not isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+        elif leaf.dim() == 0:
+            out.append(torch.stack([m[k] for m in chosen]))
+        else:
+            out.append(torch.cat([m[k] for m in chosen]))
+    return out

@@ -30,7 +30,7 @@ import torch.fx.traceback as fx_traceback
 from onnx import helper
 from torch.utils import _pytree as pytree
 
-from . import blocks, ops
+from . import blocks, ops, translations
 from .errors import Error, location_from_stack_trace
 
 __all__ = ["TracedModel", "InputSignature", "trace", "unsupported_nodes"]
@@ -157,9 +157,14 @@ class TracedModel:
     exporter: str
 
 
-def _model_state_names(model: torch.nn.Module) -> set[str]:
-    names = {name for name, _ in model.named_parameters()}
-    names.update(name for name, _ in model.named_buffers())
+def _model_state_names(model: torch.nn.Module) -> dict[str, str]:
+    """Every parameter/buffer FQN, tied aliases included -> the FQN ``named_parameters()``
+    reports (the first one), so a tied weight stays one device tensor under one name."""
+    canonical: dict[int, str] = {}
+    names: dict[str, str] = {}
+    for getter in (model.named_parameters, model.named_buffers):
+        for name, tensor in getter(remove_duplicate=False):
+            names[name] = canonical.setdefault(id(tensor), name)
     return names
 
 
@@ -273,7 +278,9 @@ def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedMod
                 f"out of forward.", type="trace_error") from exc
         program = torch.onnx.export(ep, dynamo=True, optimize=False, opset_version=OPSET,
                                     verbose=False,
-                                    custom_translation_table=ops.translation_table())
+                                    custom_translation_table={
+                                        **translations.translation_table(),
+                                        **ops.translation_table()})
     proto = program.model_proto
     decomposed = getattr(program, "exported_program", None) or ep
     fx_custom = {n.name: dict(n.meta.get("custom") or {}) for n in decomposed.graph.nodes}
@@ -285,9 +292,10 @@ def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedMod
     param_map = {}
     for init in proto.graph.initializer:
         if init.name in state_names:
-            param_map[init.name] = init.name
+            param_map[init.name] = state_names[init.name]
         elif init.name in placeholder_to_fqn:
-            param_map[init.name] = placeholder_to_fqn[init.name]
+            param_map[init.name] = state_names.get(placeholder_to_fqn[init.name],
+                                                   placeholder_to_fqn[init.name])
 
     # User inputs: the ONNX graph inputs follow ep's user inputs, which follow the leaves
     # that are tensors (non-tensor leaves are specialised into the graph).
@@ -341,7 +349,8 @@ def _export_torchscript(model, args, kwargs, micro, signature) -> TracedModel:
                           output_names=output_names, do_constant_folding=False)
     proto = onnx.load_from_string(buffer.getvalue())
     state_names = _model_state_names(model)
-    param_map = {i.name: i.name for i in proto.graph.initializer if i.name in state_names}
+    param_map = {i.name: state_names[i.name] for i in proto.graph.initializer
+                 if i.name in state_names}
     graph_inputs = {i.name for i in proto.graph.input}
     names_iter = iter(input_names)
     in_names = [(lambda n: n if n in graph_inputs else None)(next(names_iter))

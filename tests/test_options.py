@@ -418,27 +418,30 @@ def test_defaults_are_buildable(training):
 
 def test_check_buildable_lists_every_offending_field_at_once():
     opts = popart.SessionOptions()
-    opts.enableDistributedReplicatedGraphs = True
-    opts.globalReplicationFactor = 2
-    opts.numIOTiles = 32
+    opts.enableFloatingPointChecks = True
+    opts.gclOptions = {"useSynclessCollectives": "true"}
+    opts.groupHostSync = True
     opts.customCodelets = ["my.cpp"]
     opts.enableStochasticRounding = True
-    opts.weightTensorLocationSettings.location.storage = popart.TensorStorage.OffChip
+    opts.weightTensorLocationSettings.location.replicatedTensorSharding = (
+        popart.ReplicatedTensorSharding.On)
     with pytest.raises(NotImplementedOptionError) as info:
         check_buildable(opts, training=False)
     text = str(info.value)
     assert "6 SessionOptions value(s)" in text
-    assert ("enableDistributedReplicatedGraphs = True (default False): distributed replication, "
-            "to be built by issue #5") in text
-    assert "globalReplicationFactor = 2 (default 1)" in text
-    assert "numIOTiles = 32 (default 0): IO tiles, to be built by issue #6" in text
+    assert ("gclOptions = {'useSynclessCollectives': 'true'} (default {}): collective (GCL) "
+            "options, to be built by issue #5") in text
+    assert "enableFloatingPointChecks = True (default False)" in text
+    assert ("groupHostSync = True (default False): grouped host syncs in the cycle model, to be "
+            "built by issue #6") in text
     assert "customCodelets = ['my.cpp'] (default []): custom codelets, to be built by issue #8" in (
         text
     )
     assert "enableStochasticRounding = True (default False)" in text and "issue #7" in text
     assert (
-        "weightTensorLocationSettings.location.storage = TensorStorage.OffChip "
-        "(default TensorStorage.OnChip)" in text
+        "weightTensorLocationSettings.location.replicatedTensorSharding = "
+        "ReplicatedTensorSharding.On (default ReplicatedTensorSharding.Off): replicated tensor "
+        "sharding" in text
     )
 
 
@@ -452,13 +455,15 @@ def test_accumulation_is_built_for_inference_and_training():
     check_buildable(opts, training=True)
 
 
-def test_replication_is_built_for_inference_and_pending_for_training():
+def test_replication_is_built_for_inference_and_training():
     opts = popart.SessionOptions()
     opts.enableReplicatedGraphs = True
     opts.replicatedGraphCount = 2
+    opts.enableDistributedReplicatedGraphs = True
+    opts.globalReplicationFactor = 4
+    opts.globalReplicaOffset = 2
     check_buildable(opts, training=False)
-    with pytest.raises(NotImplementedOptionError, match="replicatedGraphCount = 2.*issue #5"):
-        check_buildable(opts, training=True)
+    check_buildable(opts, training=True)
 
 
 def test_built_options_pass():

@@ -1,11 +1,11 @@
-"""Memory model of the simulated IPU (DESIGN decision 8; spec §4.5, Appendix A).
+"""Memory model of the simulated IPU (DESIGN decision 8; spec §4.5, §9, §10, Appendix A).
 
 From a scheduled graph (the plan's op order) and the device's ``IpuSpec`` it computes, per IPU
 (``OpSettings.ipu``; None is IPU 0):
 
 - always-live bytes: VARIABLE tensors by ``TensorRole`` (weights, optimizer state,
-  accumulators, running statistics, optimizer parameters, step counters), CONST tensors and
-  the device buffers of host input streams;
+  accumulators, running statistics, optimizer parameters, step counters), CONST tensors, the
+  device buffers of host input streams, and the IO-tile buffers of host streams (below);
 - the peak of live activations over the schedule. A tensor is live from its producer's position
   to its last consumer's position (anchors and other kept tensors to the end of the schedule).
   An output of an in-place op (``modifies_inputs``) shares its input's storage, so it adds no
@@ -13,12 +13,27 @@ From a scheduled graph (the plan's op order) and the device's ``IpuSpec`` it com
 - code: ``tile_code_base_bytes`` on every tile plus ``vertex_bytes_per_op_tile`` for each op on
   each tile where it has work (the tiles of its largest output).
 
-Tile mapping: each tensor is mapped linearly over the IPU's tiles in pieces of
+Off-chip tensors (tensor locations, F105-F108) live in the IPU's streaming memory pool
+(``IpuSpec.streaming_memory_bytes``) and take SRAM only while they are used: a variable from its
+first to its last use within each fragment (Normal, accumulate outer fragment) that reads it, an
+activation at its producer and at each reader (it is stored after it is made and loaded for each
+use). These transient copies are the "remote buffers" category, part of the peak over the
+schedule.
+
+IO tiles (F100-F104): with ``numIOTiles`` = n, the last n tiles of each IPU are IO tiles and the
+first tilesPerIPU - n compute tiles hold everything else. Each host stream on ``TileSet.IO``
+keeps ``depth`` buffers there: 1 for JustInTime, 2 for OverlapInnerLoop (the micro-batch in use
+and the prefetched next one), 3 for OverlapLoops (also the first micro-batch of the next outer
+iteration, prefetched across the outer loop boundary). Off-chip tensors loaded and stored on
+``TileSet.IO`` keep their transient buffers there too.
+
+Tile mapping: each tensor is mapped linearly over its tile set in pieces of
 ``ceil(bytes / tiles)`` rounded up to ``tile_grain_bytes`` (the last piece takes the rest),
 starting where the previous tensor of that IPU ended, so small tensors spread round the chip
 instead of piling on tile 0. A tensor read on another IPU than its producer's is copied there
 (as an IPU copy would) and counted on both. Per-tile peaks follow from the same walk, and
-``check_fits`` raises ``OutOfMemoryException`` when the fullest tile exceeds ``tile_bytes``.
+``check_fits`` raises ``OutOfMemoryException`` when the fullest tile exceeds ``tile_bytes`` or
+the off-chip tensors exceed the streaming memory.
 """
 
 from __future__ import annotations
@@ -31,13 +46,14 @@ import numpy as np
 
 from ..errors import OutOfMemoryException, popart_internal_exception
 from ..ir.graph import Graph
-from ..ir.op import Op
+from ..ir.op import ExecutionContext, Op
 from ..ir.tensor import Tensor, TensorKind, TensorRole
 from .spec import IpuSpec
 
 __all__ = [
-    "CATEGORIES", "IpuMemory", "MemoryResult", "TensorMemory", "check_fits", "compute_memory",
-    "format_bytes", "memory_summary",
+    "CATEGORIES", "IO_BUFFERS", "REMOTE_BUFFERS", "IoBuffer", "IpuMemory", "MemoryResult",
+    "TensorMemory", "check_fits", "compute_memory", "format_bytes", "memory_summary",
+    "storage_roots",
 ]
 
 _ROLE_CATEGORY = {
@@ -49,9 +65,14 @@ _ROLE_CATEGORY = {
     TensorRole.STEP: "step counters",
     TensorRole.STASH: "pipeline stashes",
 }
-# Report order. "activations" is the peak over the schedule; the others are always live.
-CATEGORIES = (*_ROLE_CATEGORY.values(), "constants", "streams", "activations", "code")
-_ALWAYS_LIVE = frozenset(CATEGORIES) - {"activations", "code"}
+IO_BUFFERS = "IO tile buffers"
+REMOTE_BUFFERS = "remote buffers"
+# Report order. "activations" and "remote buffers" are what is live at the peak over the
+# schedule; the others are always live.
+CATEGORIES = (*_ROLE_CATEGORY.values(), "constants", "streams", IO_BUFFERS, "activations",
+              REMOTE_BUFFERS, "code")
+_ALWAYS_LIVE = frozenset(CATEGORIES) - {"activations", REMOTE_BUFFERS, "code"}
+_COMPUTE, _IO = "compute", "io"
 
 
 def format_bytes(num_bytes: float) -> str:
@@ -66,7 +87,9 @@ def format_bytes(num_bytes: float) -> str:
 
 @dataclass(frozen=True)
 class TensorMemory:
-    """One tensor's storage on one IPU: its bytes, category, lifetime and tile range."""
+    """One tensor's storage on one IPU: its bytes, category, lifetime and tile range.
+
+    An off-chip tensor has one entry per span its on-chip buffer is live (same id)."""
 
     id: str
     info: str  # e.g. "f32[64,128]"
@@ -79,6 +102,18 @@ class TensorMemory:
     first_tile: int
     num_tiles: int
     piece_bytes: int  # bytes on each tile of the range but the last
+    tile_set: str = _COMPUTE  # "compute" or "io": the tiles its range wraps around in
+
+
+@dataclass(frozen=True)
+class IoBuffer:
+    """The buffers of one host stream on the IO tiles of an IPU (all ``depth`` of them)."""
+
+    id: str  # the stream's tensor id
+    info: str
+    num_bytes: int  # one buffer
+    depth: int
+    ipu: int
 
 
 @dataclass
@@ -95,14 +130,22 @@ class IpuMemory:
     peak_live: list[str]  # activation ids live at the peak, largest first
     tile_peak_bytes: np.ndarray  # per tile: always-live + code + that tile's activation peak
     code_bytes_per_tile: np.ndarray
+    num_io_tiles: int = 0  # the last num_io_tiles tiles are IO tiles
+    streaming_bytes: int = 0  # off-chip tensors in this IPU's streaming memory
+    streaming_capacity_bytes: int = 0
+    streaming_tensors: tuple[str, ...] = ()  # their ids, largest first
 
     @property
     def capacity_bytes(self) -> int:
         return self.num_tiles * self.tile_bytes
 
     @property
+    def num_compute_tiles(self) -> int:
+        return self.num_tiles - self.num_io_tiles
+
+    @property
     def total_bytes(self) -> int:
-        """Always-live + code + the activation peak (all tiles together)."""
+        """Always-live + code + what is live at the peak (all tiles together)."""
         return sum(self.categories.values())
 
     @property
@@ -114,8 +157,16 @@ class IpuMemory:
         return int(self.tile_peak_bytes[self.worst_tile])
 
     @property
-    def fits(self) -> bool:
+    def fits_sram(self) -> bool:
         return self.worst_tile_bytes <= self.tile_bytes
+
+    @property
+    def fits_streaming(self) -> bool:
+        return self.streaming_bytes <= self.streaming_capacity_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_sram and self.fits_streaming
 
     @property
     def utilisation(self) -> float:
@@ -123,15 +174,21 @@ class IpuMemory:
         return self.total_bytes / self.capacity_bytes
 
     def largest(self, n: int = 5) -> list[TensorMemory]:
-        return sorted(self.tensors, key=lambda t: (-t.num_bytes, t.id))[:n]
+        """The ``n`` largest tensors (one entry per id)."""
+        seen, out = set(), []
+        for t in sorted(self.tensors, key=lambda t: (-t.num_bytes, t.id)):
+            if t.id not in seen:
+                seen.add(t.id)
+                out.append(t)
+        return out[:n]
 
     def tiles_needed(self) -> int:
         """Tiles this IPU's data needs at ``tile_bytes`` each, after the per-tile code base and
-        the op vertices (an estimate: mapping granularity can add a little)."""
-        data = self.total_bytes - self.categories["code"]
+        the op vertices, plus its IO tiles (an estimate: mapping granularity can add a little)."""
+        data = self.total_bytes - self.categories["code"] - self.categories[IO_BUFFERS]
         vertex_bytes = int(self.code_bytes_per_tile.max()) if len(self.code_bytes_per_tile) else 0
         room = self.tile_bytes - vertex_bytes
-        return math.ceil(data / room) if room > 0 else -1
+        return math.ceil(data / room) + self.num_io_tiles if room > 0 else -1
 
 
 @dataclass
@@ -149,23 +206,44 @@ class MemoryResult:
         return self.ipus[index]
 
 
+@dataclass
+class _Span:
+    """Where and when one tensor's storage takes SRAM on one IPU."""
+
+    id: str
+    ipu: int
+    start: int | None  # None: always live
+    end: int | None
+    category: str
+    num_bytes: int
+    info: str
+    tile_set: str = _COMPUTE
+
+
 def compute_memory(graph: Graph, order: Sequence[Op], spec: IpuSpec,
                    keep: Iterable[str] = (), num_ipus: int = 1,
-                   off_chip: Iterable[str] = ()) -> MemoryResult:
+                   off_chip: Iterable[str] = (), io_tile_buffers: Iterable[str] = (),
+                   num_io_tiles: int = 0, io_streams: Iterable[IoBuffer] = ()) -> MemoryResult:
     """Memory of ``graph`` run in ``order`` on IPUs of ``spec``.
 
     ``keep``: tensors live to the end of the schedule (anchors, graph outputs read back).
-    ``off_chip``: tensors stored in streaming memory, left out of SRAM (extension point for
-    tensor locations). IPUs 0..max(num_ipus, highest placement) - 1 are reported.
+    ``off_chip``: tensors stored in streaming memory (storage roots: an in-place output shares
+    its input's location); ``io_tile_buffers``: those of them whose on-chip buffers sit on the IO
+    tiles. ``num_io_tiles``: IO tiles per IPU; ``io_streams``: the host-stream buffers they hold.
+    IPUs 0..max(num_ipus, highest placement) - 1 are reported.
     """
     keep = set(keep) | set(graph.outputs)
     off_chip = set(off_chip)
+    on_io = set(io_tile_buffers)
     position = {op.id: i for i, op in enumerate(order)}
     last = len(order) - 1
     root = _storage_roots(order)
 
-    # Per storage root and IPU: (first position, last position) or None when always live.
+    # Per storage root and IPU: [first position, last position], or None when always live.
     spans: dict[tuple[str, int], list] = {}
+    # Off-chip roots: per IPU and fragment, the positions that read or write them.
+    remote_uses: dict[tuple[str, int], dict[ExecutionContext, list[int]]] = {}
+    streaming: dict[int, list[Tensor]] = {}
     category: dict[str, str] = {}
 
     def use(tid: str, ipu: int, pos: int | None) -> None:
@@ -174,7 +252,7 @@ def compute_memory(graph: Graph, order: Sequence[Op], spec: IpuSpec,
             span[0], span[1] = min(span[0], pos), max(span[1], pos)
 
     for tensor in graph.tensors.values():
-        if tensor.id in off_chip or root.get(tensor.id, tensor.id) != tensor.id:
+        if root.get(tensor.id, tensor.id) != tensor.id:
             continue
         cat = _category(tensor)
         if cat is None:
@@ -185,30 +263,64 @@ def compute_memory(graph: Graph, order: Sequence[Op], spec: IpuSpec,
         if not ipus and (tensor.id in keep or tensor.kind is TensorKind.VARIABLE):
             ipus = {0}
         category[tensor.id] = cat
+        if tensor.id in off_chip:
+            for ipu in ipus:
+                streaming.setdefault(ipu, []).append(tensor)
+                remote_uses[(tensor.id, ipu)] = {}
+            continue
         for ipu in ipus:
             if cat != "activations":
                 spans[(tensor.id, ipu)] = [None, None]
     for op in order:
         pos = position[op.id]
-        for t in op.outputs:
-            if t is not None and category.get(root.get(t.id, t.id)) == "activations":
-                use(root.get(t.id, t.id), _ipu(op), pos)
-        for t in op.inputs:
-            if t is not None and category.get(root.get(t.id, t.id)) == "activations":
-                use(root.get(t.id, t.id), _ipu(op), pos)
+        for t in (*op.outputs, *op.inputs):
+            if t is None:
+                continue
+            base = root.get(t.id, t.id)
+            if (base, _ipu(op)) in remote_uses:
+                remote_uses[(base, _ipu(op))].setdefault(
+                    op.settings.execution_context, []).append(pos)
+            elif category.get(base) == "activations":
+                use(base, _ipu(op), pos)
     for tid in keep:
         base = root.get(tid, tid)
-        if category.get(base) == "activations":
+        if category.get(base) == "activations" and base not in off_chip:
             for (sid, ipu), span in spans.items():
                 if sid == base:
                     span[1] = last
 
-    count = max([num_ipus, *(ipu + 1 for _, ipu in spans)])
+    items = [
+        _Span(tid, ipu, start, end, category[tid], graph.tensors[tid].info.num_bytes,
+              str(graph.tensors[tid].info))
+        for (tid, ipu), (start, end) in spans.items()
+    ]
+    for (tid, ipu), by_context in remote_uses.items():
+        tensor = graph.tensors[tid]
+        # A variable stays loaded through each fragment that uses it; an activation is stored
+        # after it is made and loaded again for each reader.
+        if tensor.kind is TensorKind.VARIABLE:
+            windows = [(min(p), max(p)) for p in by_context.values()]
+        else:
+            windows = [(p, p) for p in sorted({p for ps in by_context.values() for p in ps})]
+        for start, end in windows:
+            items.append(_Span(tid, ipu, start, end, REMOTE_BUFFERS, tensor.info.num_bytes,
+                               str(tensor.info), _IO if tid in on_io else _COMPUTE))
+    for stream in io_streams:
+        items.append(_Span(stream.id, stream.ipu, None, None, IO_BUFFERS,
+                           stream.num_bytes * stream.depth,
+                           f"{stream.depth} x {stream.info}", _IO))
+
+    count = max([num_ipus, *(s.ipu + 1 for s in items), *(i + 1 for i in streaming)])
     result = MemoryResult(spec)
     for ipu in range(count):
-        items = [(tid, span) for (tid, i), span in spans.items() if i == ipu]
+        mine = [s for s in items if s.ipu == ipu]
         ops = [op for op in order if _ipu(op) == ipu]
-        result.ipus.append(_ipu_memory(graph, ipu, items, category, ops, position, spec))
+        memory = _ipu_memory(ipu, mine, ops, position, spec, num_io_tiles)
+        pool = sorted(streaming.get(ipu, ()), key=lambda t: (-t.info.num_bytes, t.id))
+        memory.streaming_bytes = sum(t.info.num_bytes for t in pool)
+        memory.streaming_tensors = tuple(t.id for t in pool)
+        memory.streaming_capacity_bytes = spec.streaming_memory_bytes
+        result.ipus.append(memory)
     return result
 
 
@@ -253,94 +365,106 @@ def _storage_roots(order: Sequence[Op]) -> dict[str, str]:
     return root
 
 
-class _TileMap:
-    """Linear tile mapping of one IPU's tensors, continuing where the last one ended."""
+def storage_roots(order: Sequence[Op]) -> dict[str, str]:
+    """Public view of the in-place aliasing the memory model uses (for the cycle model)."""
+    return _storage_roots(order)
 
-    def __init__(self, spec: IpuSpec):
-        self.tiles = spec.num_tiles
-        self.grain = spec.tile_grain_bytes
+
+class _TileMap:
+    """Linear tile mapping over one tile set of an IPU (``tiles`` tiles from ``offset``),
+    continuing where the last tensor ended."""
+
+    def __init__(self, offset: int, tiles: int, grain: int):
+        self.offset = offset
+        self.tiles = tiles
+        self.grain = grain
         self.cursor = 0
 
     def place(self, num_bytes: int) -> tuple[int, int, int]:
         """(first tile, tile count, bytes per piece) for a new tensor."""
-        if num_bytes <= 0:
-            return self.cursor, 0, 0
+        if num_bytes <= 0 or self.tiles <= 0:
+            return self.offset + self.cursor, 0, 0
         per_tile = math.ceil(num_bytes / self.tiles)
         piece = max(self.grain, math.ceil(per_tile / self.grain) * self.grain)
         count = min(self.tiles, math.ceil(num_bytes / piece))
         first = self.cursor
         self.cursor = (first + count) % self.tiles
-        return first, count, piece
+        return self.offset + first, count, piece
 
     def add(self, vec: np.ndarray, t: TensorMemory, sign: int = 1) -> None:
         """Add (or remove) ``t``'s pieces to the per-tile vector."""
         if t.num_tiles == 0:
             return
         last_piece = t.num_bytes - t.piece_bytes * (t.num_tiles - 1)
-        tiles = (np.arange(t.first_tile, t.first_tile + t.num_tiles - 1) % self.tiles)
+        first = t.first_tile - self.offset
+        tiles = self.offset + np.arange(first, first + t.num_tiles - 1) % self.tiles
         vec[tiles] += sign * t.piece_bytes
-        vec[(t.first_tile + t.num_tiles - 1) % self.tiles] += sign * last_piece
+        vec[self.offset + (first + t.num_tiles - 1) % self.tiles] += sign * last_piece
 
 
-def _ipu_memory(graph: Graph, ipu: int, items: list, category: dict[str, str], ops: list[Op],
-                position: dict[int, int], spec: IpuSpec) -> IpuMemory:
-    tile_map = _TileMap(spec)
-    tensors: dict[str, TensorMemory] = {}
+def _ipu_memory(ipu: int, items: list[_Span], ops: list[Op], position: dict[int, int],
+                spec: IpuSpec, num_io_tiles: int) -> IpuMemory:
+    compute_tiles = spec.num_tiles - num_io_tiles
+    maps = {_COMPUTE: _TileMap(0, compute_tiles, spec.tile_grain_bytes),
+            _IO: _TileMap(compute_tiles, num_io_tiles, spec.tile_grain_bytes)}
+    tensors: list[TensorMemory] = []
     # Always-live tensors first, largest first, so big weights start at tile 0 as Poplar's
-    # linear mapping would; activations follow in schedule order.
-    always = sorted((x for x in items if x[1][0] is None),
-                    key=lambda x: (-graph.tensors[x[0]].info.num_bytes, x[0]))
-    acts = sorted((x for x in items if x[1][0] is not None), key=lambda x: (x[1][0], x[0]))
-    for tid, (start, end) in always + acts:
-        info = graph.tensors[tid].info
-        first, count, piece = tile_map.place(info.num_bytes)
-        tensors[tid] = TensorMemory(tid, str(info), info.num_bytes, category[tid], ipu, start,
-                                    end, first, count, piece)
+    # linear mapping would; activations and remote buffers follow in schedule order.
+    always = sorted((s for s in items if s.start is None), key=lambda s: (-s.num_bytes, s.id))
+    live_spans = sorted((s for s in items if s.start is not None),
+                        key=lambda s: (s.start, s.id, s.end))
+    for s in always + live_spans:
+        first, count, piece = maps[s.tile_set].place(s.num_bytes)
+        tensors.append(TensorMemory(s.id, s.info, s.num_bytes, s.category, ipu, s.start, s.end,
+                                    first, count, piece, s.tile_set))
 
     categories = dict.fromkeys(CATEGORIES, 0)
     base = np.zeros(spec.num_tiles, dtype=np.int64)
-    for t in tensors.values():
+    for t in tensors:
         if t.category in _ALWAYS_LIVE:
             categories[t.category] += t.num_bytes
-            tile_map.add(base, t)
+            maps[t.tile_set].add(base, t)
 
-    # Code: a base per tile, plus vertex state on each tile where an op has work.
+    # Code: a base per tile, plus vertex state on each compute tile where an op has work.
+    placed = {t.id: t for t in tensors if t.tile_set == _COMPUTE}
     code = np.full(spec.num_tiles, spec.tile_code_base_bytes, dtype=np.int64)
     for op in ops:
         largest = max((t for t in op.outputs if t is not None), default=None,
                       key=lambda t: t.info.num_bytes)
-        placed = tensors.get(largest.id) if largest is not None else None
-        count = placed.num_tiles if placed is not None else 1
-        first = placed.first_tile if placed is not None else 0
-        code[np.arange(first, first + max(count, 1)) % spec.num_tiles] += (
+        where = placed.get(largest.id) if largest is not None else None
+        count = where.num_tiles if where is not None else 1
+        first = where.first_tile if where is not None else 0
+        code[np.arange(first, first + max(count, 1)) % max(compute_tiles, 1)] += (
             spec.vertex_bytes_per_op_tile)
     categories["code"] = int(code.sum())
 
-    # Walk the schedule: activations become live at their first position, die after their last.
+    # Walk the schedule: spans become live at their first position and die after their last.
     starts: dict[int, list[TensorMemory]] = {}
     ends: dict[int, list[TensorMemory]] = {}
-    for t in tensors.values():
+    for t in tensors:
         if t.start is not None:
             starts.setdefault(t.start, []).append(t)
             ends.setdefault(t.end, []).append(t)
     live_vec = np.zeros(spec.num_tiles, dtype=np.int64)
     tile_act_peak = np.zeros(spec.num_tiles, dtype=np.int64)
-    live: dict[str, TensorMemory] = {}
-    live_bytes, peak_bytes, peak_position, peak_live = 0, 0, None, []
+    live: dict[int, TensorMemory] = {}
+    live_bytes, peak_bytes, peak_position, peak_set = 0, 0, None, []
     for pos in sorted(set(starts) | set(ends)):
         for t in starts.get(pos, ()):
-            live[t.id] = t
+            live[id(t)] = t
             live_bytes += t.num_bytes
-            tile_map.add(live_vec, t)
+            maps[t.tile_set].add(live_vec, t)
         np.maximum(tile_act_peak, live_vec, out=tile_act_peak)
         if live_bytes > peak_bytes or peak_position is None:
             peak_bytes, peak_position = live_bytes, pos
-            peak_live = sorted(live, key=lambda i: (-live[i].num_bytes, i))
+            peak_set = list(live.values())
         for t in ends.get(pos, ()):
-            del live[t.id]
+            del live[id(t)]
             live_bytes -= t.num_bytes
-            tile_map.add(live_vec, t, -1)
-    categories["activations"] = peak_bytes
+            maps[t.tile_set].add(live_vec, t, -1)
+    for t in peak_set:
+        categories[t.category] += t.num_bytes
+    peak_live = [t.id for t in sorted(peak_set, key=lambda t: (-t.num_bytes, t.id))]
     by_position = {position[op.id]: op for op in ops}
     peak_op = by_position[peak_position].debug_name if peak_position in by_position else ""
     return IpuMemory(
@@ -348,12 +472,13 @@ def _ipu_memory(graph: Graph, ipu: int, items: list, category: dict[str, str], o
         num_tiles=spec.num_tiles,
         tile_bytes=spec.tile_bytes,
         categories=categories,
-        tensors=list(tensors.values()),
+        tensors=tensors,
         peak_position=peak_position,
         peak_op=peak_op,
         peak_live=peak_live,
         tile_peak_bytes=base + code + tile_act_peak,
         code_bytes_per_tile=code,
+        num_io_tiles=num_io_tiles,
     )
 
 
@@ -371,6 +496,13 @@ def memory_summary(result: MemoryResult, top: int = 5) -> str:
         )
         parts = [f"{name} {format_bytes(n)}" for name, n in m.categories.items() if n]
         lines.append("    " + ", ".join(parts))
+        if m.num_io_tiles:
+            lines.append(f"    tiles: {m.num_compute_tiles} compute, {m.num_io_tiles} IO")
+        if m.streaming_tensors:
+            lines.append(
+                f"    streaming memory: {format_bytes(m.streaming_bytes)} of "
+                f"{format_bytes(m.streaming_capacity_bytes)} in {len(m.streaming_tensors)} "
+                f"off-chip tensor(s)" + ("" if m.fits_streaming else "  OUT OF MEMORY"))
         for t in m.largest(top):
             lines.append(f"    {t.id} {t.info}: {format_bytes(t.num_bytes)} ({t.category})")
     return "\n".join(lines)
@@ -383,7 +515,8 @@ def check_fits(result: MemoryResult, summary_report: str = "") -> None:
     tensors and live activations at the peak, and what to change. ``summary_report`` becomes
     the exception's ``getSummaryReport()`` (default: the memory summary).
     """
-    over = [m for m in result.ipus if not m.fits]
+    _check_streaming(result, summary_report)
+    over = [m for m in result.ipus if not m.fits_sram]
     if not over:
         return
     spec = result.spec
@@ -408,8 +541,14 @@ def check_fits(result: MemoryResult, summary_report: str = "") -> None:
     ]
     if m.peak_live:
         lines.append(f"Live activations at the peak (before {m.peak_op}): {live}.")
+    lines.append("To fit, try one of:")
+    if m.worst_tile >= m.num_compute_tiles:
+        lines.append(
+            f"  - the fullest tile is one of the {m.num_io_tiles} IO tiles (host-stream buffers "
+            f"there: {format_bytes(m.categories[IO_BUFFERS])}): more IO tiles "
+            f"(SessionOptions.numIOTiles), or fewer buffers per stream "
+            f"(ExchangeStrategy.JustInTime keeps 1, OverlapInnerLoop 2, OverlapLoops 3);")
     lines += [
-        "To fit, try one of:",
         f"  - more IPUs: split the model with builder.virtualGraph(...) and "
         f"SessionOptions.virtualGraphMode = VirtualGraphMode.Manual, with enablePipelining = "
         f"True, on a device with more IPUs"
@@ -430,3 +569,21 @@ def check_fits(result: MemoryResult, summary_report: str = "") -> None:
         "keep the batch size.",
     ]
     raise OutOfMemoryException("\n".join(lines), summary_report or memory_summary(result))
+
+
+def _check_streaming(result: MemoryResult, summary_report: str) -> None:
+    """Raise OutOfMemoryException if the off-chip tensors of an IPU exceed its streaming
+    memory."""
+    for m in result.ipus:
+        if m.fits_streaming:
+            continue
+        names = ", ".join(repr(i) for i in m.streaming_tensors[:5])
+        raise OutOfMemoryException(
+            f"Out of streaming memory on IPU {m.ipu}: its off-chip tensors need "
+            f"{format_bytes(m.streaming_bytes)} ({m.streaming_bytes} bytes) but it has "
+            f"{format_bytes(m.streaming_capacity_bytes)} ({m.streaming_capacity_bytes} bytes, "
+            f"{result.spec.name}). Largest: {names}. Keep some of them on chip "
+            f"(TensorStorage.OnChip in the TensorLocationSettings or "
+            f"tensorLocationSettingsOverride) or spread the model over more IPUs.",
+            summary_report or memory_summary(result),
+        )

@@ -12,6 +12,13 @@ A pipelined plan (``num_stages`` > 0) also splits the Normal fragment by pipelin
 ``stage_steps[s]`` is stage s's compute, ``copy_steps[s]`` its end-of-cycle inter-IPU copies.
 Slot frees come from the stage-ordered schedule (lower.py), so they hold however the run loop
 interleaves stages within a cycle.
+
+Replicas (spec §5.3, DESIGN decision 6): the steps and slot numbers are shared, the values are
+not. ``add_replicas(n)`` gives each local replica its own slot list (``replica_values``) with
+its own copy of every variable (weights, optimizer state, accumulators, running statistics,
+stashes); constants stay shared. A step list then runs as segments split at the collective
+ops (``Op.collective``): every replica runs a segment's steps, then the collective reads the
+input of every replica and writes each one's output (``execute_replicas``).
 """
 
 from __future__ import annotations
@@ -114,6 +121,77 @@ class ExecutionPlan:
             (self.copy_steps if between else self.stage_steps)[op.settings.pipeline_stage].append(
                 step)
         self.values = values
+        self.replica_values: list[list[torch.Tensor | None]] = [values]
+        self._segments: dict[int, list[tuple[list[tuple], tuple | None]]] = {}
+
+    def add_replicas(self, count: int) -> None:
+        """Give ``count`` replicas their own slot lists; replica r > 0 starts as a copy of
+        replica 0 with its own variable storage."""
+        variable_slots = [self.slot[t] for t in self.variable_ids]
+        self.replica_values = [self.values]
+        for _ in range(1, count):
+            values = list(self.values)
+            for s in variable_slots:
+                values[s] = values[s].clone()
+            self.replica_values.append(values)
+
+    def segments(self, steps: list[tuple]) -> list[tuple[list[tuple], tuple | None]]:
+        """``steps`` split after each collective step: [(plain steps, collective or None)]."""
+        key = id(steps)
+        cached = self._segments.get(key)
+        if cached is None:
+            cached, plain = [], []
+            for step in steps:
+                if getattr(step[5], "collective", False):
+                    cached.append((plain, step))
+                    plain = []
+                else:
+                    plain.append(step)
+            cached.append((plain, None))
+            self._segments[key] = cached
+        return cached
+
+    def has_collective(self, steps: list[tuple]) -> bool:
+        return len(self.segments(steps)) > 1
+
+    def execute_replicas(self, steps: list[tuple], comm, group=None) -> None:
+        """Run ``steps`` on the local replicas ``group`` (default: all), collectives across all
+        replicas of ``comm`` (a ``device.distributed.ReplicaComm``). Caller is inside
+        ``torch.no_grad()``."""
+        if group is None:
+            replicas = self.replica_values
+        else:
+            replicas = [self.replica_values[r] for r in group]
+            if len(replicas) != len(self.replica_values) and self.has_collective(steps):
+                raise popart_runtime_error(
+                    f"Steps with a collective must run on all {len(self.replica_values)} local "
+                    f"replicas together, not on replicas {list(group)}."
+                )
+        for plain, collective in self.segments(steps):
+            if plain:
+                for values in replicas:
+                    self.execute_in_no_grad(plain, values)
+            if collective is not None:
+                self._run_collective(collective, comm)
+
+    def _run_collective(self, step: tuple, comm) -> None:
+        _fn, ins, out, _single, frees, op = step
+        replicas = self.replica_values
+        local = [values[ins[0]] for values in replicas]
+        everyone = comm.gather(local, f"{op.debug_name} (collective over {comm.total} replicas)")
+        try:
+            results = op.reduce_replicas(everyone, comm.offset, comm.local)
+        except popart_runtime_error:
+            raise
+        except Exception as exc:
+            raise popart_runtime_error(
+                f"{op.debug_name}: collective failed on inputs "
+                f"{[tuple(v.shape) for v in local]}: {type(exc).__name__}: {exc}"
+            ) from exc
+        for values, result in zip(replicas, results):
+            values[out] = result
+            for s in frees:
+                values[s] = None
 
     def set_value(self, tensor_id: str, value: torch.Tensor) -> None:
         self.values[self.slot[tensor_id]] = value
@@ -126,13 +204,15 @@ class ExecutionPlan:
         with torch.inference_mode(False), torch.no_grad():
             self.execute_in_no_grad(self.steps)
 
-    def execute_in_no_grad(self, steps: list[tuple] | None = None) -> None:
-        """Run ``steps`` (default: the Normal fragment) for callers already inside
-        ``torch.no_grad()`` (and not in inference mode): a run loop enters the context once
-        instead of once per micro-batch, which costs about as much as a small kernel."""
+    def execute_in_no_grad(self, steps: list[tuple] | None = None,
+                           values: list | None = None) -> None:
+        """Run ``steps`` (default: the Normal fragment) over ``values`` (default: replica 0's
+        slots) for callers already inside ``torch.no_grad()`` (and not in inference mode): a
+        run loop enters the context once instead of once per micro-batch, which costs about as
+        much as a small kernel."""
         if steps is None:
             steps = self.normal_steps
-        v = self.values
+        v = self.values if values is None else values
         index = 0
         try:
             for index, (fn, ins, out, single, frees, _op) in enumerate(steps):

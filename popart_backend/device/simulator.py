@@ -5,8 +5,10 @@ of a run, the list of anchor writes it performs, so ``run()`` is a loop over mic
 binds input chunks to slots, executes the plan and copies anchor values into host arrays.
 
 Micro-batch ``k = (b·af + a)·rf + r`` runs batch b, accumulation step a on local replica r; it
-reads chunk k of every input array. Replicas share the inference weights, so they execute the
-same plan one after the other.
+reads chunk k of every input array. Replicas are real (DESIGN decision 6, spec §5.3): each has
+its own slots and variables (``ExecutionPlan.add_replicas``) and they run in lockstep, every
+replica's micro-batch (b, a) before the next, so a collective (the gradient all-reduce) reads
+all of them; replicas of other processes join through ``device/distributed.py``.
 
 Training: after the last micro-batch of each accumulation window (a = af − 1, all replicas)
 the plan's accumulate outer fragment runs (optimizer step, accumulator reset). Before every
@@ -14,7 +16,7 @@ micro-batch the device writes the random-seed variable (user seed, micro-batch c
 seeded ops draw new values each micro-batch and replay them after ``set_seed``.
 
 Pipelined programs (spec §5.1, DESIGN decision 7) run the cycle schedule literally: per
-window (one weight update with accumulation, else the whole step) and replica, cycle c of
+window (one weight update with accumulation, else the whole step), all replicas in lockstep, cycle c of
 ``G + P - 1`` runs, in stage order, every stage s with ``s <= c < s + G`` on micro-batch
 ``c - s`` (its host inputs first, its anchors after), then the stages' inter-IPU copies,
 highest stage first so each copy reads the value of the previous cycle, as the parallel
@@ -31,7 +33,9 @@ import numpy as np
 import torch
 
 from ..dataflow import AnchorReturnTypeId, PyStepIO, PyStepIOCallback, anchor_fetch_index
-from ..errors import StepIOError
+from .. import progress
+from ..errors import StepIOError, popart_internal_exception
+from .distributed import LocalReplicas, ReplicaComm
 from .lower import AnchorStream, InputStream, Program
 from .plan import ExecutionPlan, to_torch
 
@@ -45,14 +49,28 @@ _ACC_FLUSH = 3  # add, then copy the accumulator into the host chunk
 
 
 class SimulatedDevice:
-    """One compiled Program, ready to run. ``synthetic`` is 'off', 'zeros' or 'random_normal'."""
+    """One compiled Program, ready to run. ``synthetic`` is 'off', 'zeros' or 'random_normal'.
 
-    def __init__(self, program: Program, synthetic: str = "off", seed: int = 0):
+    ``comm`` (a ``device.distributed.ReplicaComm``) says how the local replicas reach the
+    replicas of other processes; default: all replicas are local.
+    """
+
+    def __init__(self, program: Program, synthetic: str = "off", seed: int = 0,
+                 comm: ReplicaComm | None = None):
         self.program = program
         self.synthetic = synthetic
         self.plan = ExecutionPlan(program.graph,
                                   keep=[a.id for a in program.anchors] + list(program.persistent),
                                   order=program.schedule, num_stages=program.num_stages)
+        rf = program.replication_factor
+        self.comm = comm if comm is not None else LocalReplicas(rf)
+        if self.comm.local != rf:
+            raise popart_internal_exception(
+                f"SimulatedDevice: the program has {rf} local replicas, its ReplicaComm "
+                f"{self.comm.local}."
+            )
+        # Each local replica holds its own variables (DESIGN decision 6).
+        self.plan.add_replicas(rf)
         self._input_slots = [self.plan.slot[i.id] for i in program.inputs]
         # Ops that need facts about the device running them (custom ops: replica count).
         for op in program.schedule:
@@ -70,10 +88,13 @@ class SimulatedDevice:
         # Micro-batch k ends an accumulation window (then the outer fragment runs).
         self._window_end = [k % window == window - 1
                             for k in range(program.micro_batches_per_run)]
-        self._seed = (self.plan.get_value(program.random_seed_id)
-                      if program.random_seed_id is not None else None)
+        seed_slot = (self.plan.slot[program.random_seed_id]
+                     if program.random_seed_id is not None else None)
+        self._seeds = ([values[seed_slot] for values in self.plan.replica_values]
+                       if seed_slot is not None else None)
         self._micro_batch_counter = 0
         self.set_seed(seed)
+        self._execute = self._execute_replicas  # run() swaps in a counting one for bars
 
     # --- compile-time tables ------------------------------------------------------------------
 
@@ -110,40 +131,68 @@ class SimulatedDevice:
     # --- weights ------------------------------------------------------------------------------
 
     def write_weights(self, values: dict[str, np.ndarray]) -> None:
-        """Host -> device for the given weights (shapes and dtypes already checked)."""
+        """Host -> device for the given weights (shapes and dtypes already checked), on every
+        local replica."""
+        slots = self.plan.slot
         with torch.no_grad():
             for tensor_id, array in values.items():
-                self.plan.get_value(tensor_id).copy_(to_torch(array))
+                value = to_torch(array)
+                for replica in self.plan.replica_values:
+                    replica[slots[tensor_id]].copy_(value)
 
-    def read_weights(self, ids) -> dict[str, np.ndarray]:
-        """Device -> host copies of the given weights."""
-        return {tensor_id: self.plan.get_value(tensor_id).numpy().copy() for tensor_id in ids}
+    def read_weights(self, ids, replica: int = 0) -> dict[str, np.ndarray]:
+        """Device -> host copies of the given weights of local ``replica`` (the replicas of a
+        training session hold equal weights, as their gradients are all-reduced)."""
+        values, slots = self.plan.replica_values[replica], self.plan.slot
+        return {tensor_id: values[slots[tensor_id]].numpy().copy() for tensor_id in ids}
 
     def set_seed(self, seed: int) -> None:
         """Seed synthetic data and seeded ops; restarts the micro-batch counter."""
         self._generator.manual_seed(seed)
         self._micro_batch_counter = 0
-        if self._seed is not None:
-            self._seed[0] = seed
-
-    def _next_seed(self) -> None:
-        self._seed[1] = self._micro_batch_counter
-        self._micro_batch_counter += 1
+        for seed_tensor in self._seeds or ():
+            seed_tensor[0] = seed
 
     # --- running ------------------------------------------------------------------------------
 
     def run(self, stepio) -> None:
         """Execute bps × af × rf micro-batches, reading and writing ``stepio``."""
-        if self.program.num_stages and isinstance(stepio, (PyStepIO, PyStepIOCallback)):
-            self._run_pipelined(stepio)
-        elif isinstance(stepio, PyStepIOCallback):
-            self._run_callbacks(stepio)
-        elif isinstance(stepio, PyStepIO):
-            self._run_arrays(stepio)
-        else:
+        with progress.track("run", self.program.micro_batches_per_run, "micro-batch",
+                            min_total=2) as bar:
+            self._execute = self._counting_execute(bar)
+            self._dispatch(stepio)
+
+    def _execute_replicas(self, steps=None, group=None) -> None:
+        """Run ``steps`` (default: the Normal fragment) on the local replicas ``group``
+        (default: all; a subset only for steps without collectives)."""
+        plan = self.plan
+        plan.execute_replicas(plan.normal_steps if steps is None else steps, self.comm, group)
+
+    def _counting_execute(self, bar):
+        """The replicas' executor; with a progress bar, one that counts micro-batches (runs of
+        the Normal fragment, or of the last pipeline stage), so the loops pay nothing when off."""
+        execute = self._execute_replicas
+        if bar is None:
+            return execute
+        last_stage = self.plan.stage_steps[-1] if self.plan.stage_steps else None
+        replicas = self.program.replication_factor
+
+        def counted(steps=None, group=None):
+            execute(steps, group)
+            if steps is None or steps is last_stage:
+                bar.update(replicas if group is None else len(group))
+
+        return counted
+
+    def _dispatch(self, stepio) -> None:
+        if not isinstance(stepio, (PyStepIO, PyStepIOCallback)):
             raise StepIOError(
                 f"run() needs a PyStepIO or PyStepIOCallback, got {type(stepio).__name__}."
             )
+        if self.program.num_stages:
+            self._run_pipelined(stepio)
+        else:
+            self._run_micro_batches(stepio)
 
     def _synthetic_feeds(self) -> list[list[torch.Tensor]] | None:
         total = self.program.micro_batches_per_run
@@ -157,46 +206,70 @@ class SimulatedDevice:
             return feeds
         return None
 
-    def _run_arrays(self, stepio: PyStepIO) -> None:
+    def _bind(self, stepio):
+        """(feeds per input or None for callbacks, host destinations or None, offsets)."""
         p = self.program
-        total = p.micro_batches_per_run
         feeds = self._synthetic_feeds()
-        in_offsets = {}
-        if feeds is None:
-            feeds, in_offsets = _bind_inputs(p, stepio)
-        destinations, out_offsets = _bind_outputs(p, stepio)
+        in_offsets, out_offsets, destinations = {}, {}, None
+        if isinstance(stepio, PyStepIO):
+            if feeds is None:
+                feeds, in_offsets = _bind_inputs(p, stepio)
+            destinations, out_offsets = _bind_outputs(p, stepio)
+        return feeds, destinations, (in_offsets, out_offsets)
 
-        slots_feeds = list(zip(self._input_slots, feeds))
-        actions = self._actions
-        accumulators = self._accumulators
-        values = self.plan.values
-        execute = self.plan.execute_in_no_grad
-        outer, window_end = self._outer_steps, self._window_end
-        seeded = self._seed is not None
-        with torch.inference_mode(False), torch.no_grad():
-            for k in range(total):
-                for slot, chunks in slots_feeds:
-                    values[slot] = chunks[k]
-                if seeded:
-                    self._next_seed()
-                execute()
-                for kind, source, index, j in actions[k]:
-                    value = values[source]
-                    if kind == _COPY:
-                        destinations[index][j].copy_(value)
-                    elif kind == _ACC_SET:
-                        accumulators[index][j].copy_(value)
-                    elif kind == _ACC_ADD:
-                        accumulators[index][j].add_(value)
-                    else:
-                        accumulator = accumulators[index][j]
-                        accumulator.add_(value)
-                        destinations[index][j].copy_(accumulator)
-                if outer is not None and window_end[k]:
-                    execute(outer)
+    @staticmethod
+    def _commit_offsets(stepio, offsets) -> None:
         # Offsets move only after a complete run, so a failed run leaves the step IO as it was.
-        stepio.input_offsets.update(in_offsets)
-        stepio.output_offsets.update(out_offsets)
+        if isinstance(stepio, PyStepIO):
+            stepio.input_offsets.update(offsets[0])
+            stepio.output_offsets.update(offsets[1])
+
+    def _run_micro_batches(self, stepio) -> None:
+        """Unpipelined: micro-batch by micro-batch, then the outer fragment at the end of each
+        accumulation window. Replicas run one after the other, unless the Normal fragment has a
+        collective: then they run in lockstep (every replica's micro-batch (b, a), each up to
+        the collective, the collective, and so on), as their IPUs do."""
+        p = self.program
+        feeds, destinations, offsets = self._bind(stepio)
+        rf = p.replication_factor
+        replicas = self.plan.replica_values
+        lockstep = rf > 1 and self.plan.has_collective(self.plan.normal_steps)
+        groups = [tuple(range(rf))] if lockstep else [(r,) for r in range(rf)]
+        slots_feeds = list(zip(self._input_slots, feeds)) if feeds is not None else None
+        streams = list(zip(self._input_slots, p.inputs))
+        actions, seeds = self._actions, self._seeds
+        execute = self._execute
+        outer, window_end = self._outer_steps, self._window_end
+        with torch.inference_mode(False), torch.no_grad():
+            for base in range(0, p.micro_batches_per_run, rf):
+                for group in groups:
+                    for r in group:
+                        values = replicas[r]
+                        if slots_feeds is not None:
+                            for slot, chunks in slots_feeds:
+                                values[slot] = chunks[base + r]
+                        else:
+                            for slot, stream in streams:
+                                value = _callback_input(
+                                    stream, stepio.input_callback(stream.id, False))
+                                # In lockstep the next replica's callbacks come first: keep a
+                                # copy, the user may reuse the buffer once it is complete.
+                                values[slot] = value.clone() if lockstep else value
+                                if lockstep:
+                                    stepio.input_complete_callback(stream.id)
+                        if seeds is not None:
+                            seeds[r][1] = self._micro_batch_counter
+                            self._micro_batch_counter += 1
+                    execute(None, group)
+                    for r in group:
+                        if slots_feeds is None and not lockstep:
+                            for stream in p.inputs:
+                                stepio.input_complete_callback(stream.id)
+                        if actions[base + r]:
+                            self._emit(actions[base + r], destinations, stepio, replicas[r])
+                if outer is not None and window_end[base + rf - 1]:
+                    execute(outer)
+        self._commit_offsets(stepio, offsets)
 
     def pipeline_cycles(self) -> list[list[tuple[int, int]]]:
         """Per cycle of one pipeline run, the (stage, micro-batch within the run) pairs it
@@ -208,18 +281,12 @@ class SimulatedDevice:
 
     def _run_pipelined(self, stepio) -> None:
         p = self.program
-        callbacks = isinstance(stepio, PyStepIOCallback)
-        feeds = self._synthetic_feeds()
-        in_offsets, out_offsets, destinations = {}, {}, None
-        if not callbacks:
-            if feeds is None:
-                feeds, in_offsets = _bind_inputs(p, stepio)
-            destinations, out_offsets = _bind_outputs(p, stepio)
+        feeds, destinations, offsets = self._bind(stepio)
         bps, af, rf = p.batches_per_step, p.accumulation_factor, p.replication_factor
         accumulated = p.has_outer_fragment
         windows = bps if accumulated else 1
-        plan, values = self.plan, self.plan.values
-        execute = plan.execute_in_no_grad
+        plan, replicas, seeds = self.plan, self.plan.replica_values, self._seeds
+        execute = self._execute
         stage_inputs = [[(self._input_slots[i], i) for i, st in enumerate(p.input_stages)
                          if st == s] for s in range(p.num_stages)]
         stage_actions = [[[a for a in self._actions[k] if p.anchor_stages[a[2]] == s]
@@ -228,31 +295,37 @@ class SimulatedDevice:
         seed_base = self._micro_batch_counter
         with torch.inference_mode(False), torch.no_grad():
             for w in range(windows):
-                for r in range(rf):
-                    for cycle in cycles:
-                        for s, i in cycle:
-                            # Micro-batch k = (b·af + a)·rf + r of the run (see module doc).
-                            k = ((w * af + i) if accumulated else i * af) * rf + r
+                for cycle in cycles:
+                    for s, i in cycle:
+                        # Micro-batch k = (b·af + a)·rf + r of the run (see module doc); the
+                        # replicas run each stage in lockstep, as their IPUs do.
+                        base = ((w * af + i) if accumulated else i * af) * rf
+                        for r, values in enumerate(replicas):
                             for slot, index in stage_inputs[s]:
-                                values[slot] = (feeds[index][k] if feeds is not None else
-                                                _callback_feed(stepio, p.inputs[index]))
-                            if self._seed is not None:
-                                self._seed[1] = seed_base + k
-                            execute(plan.stage_steps[s])
-                            if stage_actions[k][s]:
-                                self._emit(stage_actions[k][s], destinations, stepio)
-                        for s, _ in reversed(cycle):
-                            execute(plan.copy_steps[s])
+                                if feeds is not None:
+                                    values[slot] = feeds[index][base + r]
+                                    continue
+                                value = _callback_feed(stepio, p.inputs[index])
+                                # The user may reuse the buffer for the next replica's call.
+                                values[slot] = value.clone() if rf > 1 else value
+                            if seeds is not None:
+                                seeds[r][1] = seed_base + base + r
+                        execute(plan.stage_steps[s])
+                        for r, values in enumerate(replicas):
+                            if stage_actions[base + r][s]:
+                                self._emit(stage_actions[base + r][s], destinations, stepio,
+                                           values)
+                    for s, _ in reversed(cycle):
+                        execute(plan.copy_steps[s])
                 if self._outer_steps is not None:
                     execute(self._outer_steps)
         self._micro_batch_counter = seed_base + p.micro_batches_per_run
-        if not callbacks:
-            stepio.input_offsets.update(in_offsets)
-            stepio.output_offsets.update(out_offsets)
+        self._commit_offsets(stepio, offsets)
 
-    def _emit(self, actions, destinations, stepio) -> None:
-        """Apply one micro-batch's anchor writes (to host arrays, or through callbacks)."""
-        values, accumulators = self.plan.values, self._accumulators
+    def _emit(self, actions, destinations, stepio, values) -> None:
+        """Apply one micro-batch's anchor writes from one replica's slots ``values`` (to host
+        arrays, or through callbacks)."""
+        accumulators = self._accumulators
         for kind, source, index, j in actions:
             value = values[source]
             if kind == _ACC_SET:
@@ -271,46 +344,6 @@ class SimulatedDevice:
             array = stepio.output_callback(anchor.id)
             _callback_output(anchor, array).copy_(value)
             stepio.output_complete_callback(anchor.id)
-
-    def _run_callbacks(self, stepio: PyStepIOCallback) -> None:
-        p = self.program
-        feeds = self._synthetic_feeds()
-        accumulators = self._accumulators
-        values = self.plan.values
-        execute = self.plan.execute_in_no_grad
-        outer, window_end = self._outer_steps, self._window_end
-        with torch.inference_mode(False), torch.no_grad():
-            for k in range(p.micro_batches_per_run):
-                if feeds is None:
-                    for slot, stream in zip(self._input_slots, p.inputs):
-                        array = stepio.input_callback(stream.id, False)
-                        values[slot] = _callback_input(stream, array)
-                else:
-                    for slot, chunks in zip(self._input_slots, feeds):
-                        values[slot] = chunks[k]
-                if self._seed is not None:
-                    self._next_seed()
-                execute()
-                if feeds is None:
-                    for stream in p.inputs:
-                        stepio.input_complete_callback(stream.id)
-                for kind, source, index, j in self._actions[k]:
-                    value = values[source]
-                    if kind == _ACC_SET:
-                        accumulators[index][j].copy_(value)
-                        continue
-                    if kind == _ACC_ADD:
-                        accumulators[index][j].add_(value)
-                        continue
-                    if kind == _ACC_FLUSH:
-                        accumulators[index][j].add_(value)
-                        value = accumulators[index][j]
-                    anchor = p.anchors[index]
-                    array = stepio.output_callback(anchor.id)
-                    _callback_output(anchor, array).copy_(value)
-                    stepio.output_complete_callback(anchor.id)
-                if outer is not None and window_end[k]:
-                    execute(outer)
 
 
 # --- binding PyStepIO arrays ------------------------------------------------------------------

@@ -9,6 +9,8 @@ from . import cast  # noqa: F401
 from . import loss  # noqa: F401
 from . import gather_scatter  # noqa: F401
 from . import shape  # noqa: F401
+from . import slicing  # noqa: F401
+from . import generators  # noqa: F401
 from . import reduce  # noqa: F401
 from . import matmul  # noqa: F401
 from . import conv  # noqa: F401
@@ -22,6 +24,7 @@ from . import optimizer_updates  # noqa: F401
 from . import graphcore  # noqa: F401
 from . import collectives  # noqa: F401
 from . import control_flow  # noqa: F401
+from . import scan  # noqa: F401
 from . import random_ops  # noqa: F401
 from . import misc  # noqa: F401
 from . import rnn  # noqa: F401

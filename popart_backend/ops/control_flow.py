@@ -1,4 +1,5 @@
-"""Subgraph ops (spec F23): If, Loop, Scan (ai.onnx) and Call (ai.graphcore).
+"""Subgraph ops (spec F23): If, Loop (ai.onnx) and Call (ai.graphcore), and the ``Body`` /
+``SubgraphOp`` machinery they share with Scan (``scan.py``).
 
 A subgraph is an IR Graph of the op's own Ir (``Ir.create_graph``), held in a ``Body``: the
 graph plus how many of its leading inputs are *formal*, i.e. bound to the op's operands (Loop's
@@ -17,7 +18,8 @@ Static shapes (the simulated IPU has no dynamic shapes):
 - Loop: carried values keep their shape across iterations. Scan outputs need a trip count known
   at compile time: a constant M and a condition that stays true (absent, or passed through
   unchanged by the body). A data-dependent condition is fine for carried values only.
-- Scan: every version (8 with a batch axis and sequence_lens, 9+ with axes and directions).
+- Scan (``scan.py``): every version (8 with a batch axis and sequence_lens, 9+ with axes and
+  directions).
 
 Gradients: If and Call differentiate their bodies with a nested autodiff (``GradBuilder.
 differentiate``) into gradient bodies run by an If / Call of the same condition / arguments.
@@ -37,7 +39,6 @@ from ..errors import ShapeError, UnsupportedOpError, popart_exception
 from ..ir.graph import Graph
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo, TensorKind
-from .base import normalize_axis
 from .registry import AI_GRAPHCORE, create_op, register_op
 
 _BOOL_SCALAR = TensorInfo(DataType.BOOL, ())
@@ -149,7 +150,7 @@ class SubgraphOp(Op):
         return flops, moved
 
 
-def _check_body_outputs(op: Op, body: Body, count: int, what: str) -> list[TensorInfo]:
+def check_body_outputs(op: Op, body: Body, count: int, what: str) -> list[TensorInfo]:
     infos = body.output_infos()
     if len(infos) < count:
         raise ShapeError(
@@ -385,7 +386,7 @@ class Loop(SubgraphOp):
             raise ShapeError(f"{self.debug_name}: cond must be one bool, got {cond}.")
         carried = operands[2:]
         body = self.attrs.body
-        outs = _check_body_outputs(self, body, 1 + len(carried), "cond and the carried values")
+        outs = check_body_outputs(self, body, 1 + len(carried), "cond and the carried values")
         if outs[0].dtype != DataType.BOOL or outs[0].nelms != 1:
             raise ShapeError(
                 f"{self.debug_name}: body output 0 (cond) must be one bool, got {outs[0]}."
@@ -475,194 +476,3 @@ def _passes_condition_through(body: Body) -> bool:
     if tensor.is_const:
         return bool(np.asarray(tensor.data).all())
     return len(body.formal) > 1 and tensor.id == body.formal[1]
-
-
-# --- Scan ------------------------------------------------------------------------------------
-
-
-@register_op("Scan", versions=(8, 9, 11, 16, 19, 21))
-class Scan(SubgraphOp):
-    """(states, scan outputs) = iterate body(states, slices) over the scan inputs' sequence axis.
-
-    Version 8 has a leading batch axis on every operand (scan inputs are [batch, seq, ...]) and
-    an optional first operand sequence_lens; versions 9+ scan along ``scan_input_axes``.
-    """
-
-    @dataclass(frozen=True)
-    class Attrs:
-        body: Body
-        num_scan_inputs: int
-        scan_input_axes: tuple[int, ...] = ()
-        scan_input_directions: tuple[int, ...] = ()
-        scan_output_axes: tuple[int, ...] = ()
-        scan_output_directions: tuple[int, ...] = ()
-
-    @dataclass(frozen=True)
-    class Attrs8:
-        body: Body
-        num_scan_inputs: int
-        directions: tuple[int, ...] = ()
-
-    body_attrs = ("body",)
-
-    @classmethod
-    def attrs_type(cls, version):
-        return cls.Attrs8 if version < 9 else cls.Attrs
-
-    def _groups(self, operands):
-        """(sequence_lens, states, scan inputs) infos."""
-        seq_lens = None
-        if self.version < 9:
-            if not operands:
-                raise ShapeError(f"{self.debug_name}: Scan-8 takes sequence_lens first.")
-            seq_lens, operands = operands[0], operands[1:]
-        m = self.attrs.num_scan_inputs
-        if not 0 < m <= len(operands):
-            raise ShapeError(
-                f"{self.debug_name}: num_scan_inputs={m}, but it has {len(operands)} states and "
-                f"scan inputs."
-            )
-        return seq_lens, list(operands[: len(operands) - m]), list(operands[len(operands) - m:])
-
-    def _input_axes(self, scans) -> list[int]:
-        if self.version < 9:
-            return [1] * len(scans)
-        axes = self.attrs.scan_input_axes or (0,) * len(scans)
-        return [normalize_axis(self, a, s.rank) for a, s in zip(axes, scans)]
-
-    def body_input_infos(self, attr, operands):
-        _, states, scans = self._groups(operands)
-        if self.version < 9:
-            states = [s.with_shape(s.shape[1:]) for s in states]
-            return [*states, *(s.with_shape(s.shape[2:]) for s in scans)]
-        axes = self._input_axes(scans)
-        slices = [s.with_shape(s.shape[:a] + s.shape[a + 1:]) for s, a in zip(scans, axes)]
-        return [*states, *slices]
-
-    def infer(self, *infos):
-        operands, _ = self.split_inputs(infos)
-        seq_lens, states, scans = self._groups(operands)
-        body = self.attrs.body
-        expected = self.body_input_infos("body", operands)
-        formal = [body.graph.tensors[t].info for t in body.formal]
-        if formal != expected:
-            raise ShapeError(
-                f"{self.debug_name}: the body takes {[str(i) for i in formal]}, the operands "
-                f"give {[str(i) for i in expected]}."
-            )
-        axes = self._input_axes(scans)
-        lengths = {s.shape[a] for s, a in zip(scans, axes)}
-        if len(lengths) != 1:
-            raise ShapeError(
-                f"{self.debug_name}: scan inputs have different sequence lengths {sorted(lengths)}."
-            )
-        self._seq_len = lengths.pop()
-        n = len(states)
-        outs = _check_body_outputs(self, body, n, "the states")
-        for k, (before, after) in enumerate(zip(expected[:n], outs[:n])):
-            if before != after:
-                raise ShapeError(
-                    f"{self.debug_name}: state {k} is {before} before an iteration and {after} "
-                    f"after it; a state must keep its shape and type."
-                )
-        self._num_states = n
-        self._input_axes_ = axes
-        if self.version < 9:
-            batch = {x.shape[0] for x in (*states, *scans)}
-            if len(batch) != 1:
-                raise ShapeError(f"{self.debug_name}: operands have batch sizes {sorted(batch)}.")
-            self._batch = batch.pop()
-            if seq_lens is not None and seq_lens.shape != (self._batch,):
-                raise ShapeError(
-                    f"{self.debug_name}: sequence_lens is {seq_lens}, expected i64[{self._batch}]."
-                )
-            return [*states, *(TensorInfo(o.dtype, (self._batch, self._seq_len, *o.shape))
-                               for o in outs[n:])]
-        out_axes = self.attrs.scan_output_axes or (0,) * len(outs[n:])
-        self._output_axes = [
-            normalize_axis(self, a, o.rank + 1) for a, o in zip(out_axes, outs[n:])
-        ]
-        results = list(states)
-        for o, a in zip(outs[n:], self._output_axes):
-            results.append(TensorInfo(o.dtype, (*o.shape[:a], self._seq_len, *o.shape[a:])))
-        return results
-
-    def kernel(self, *xs):
-        captured_count = len(self.captured_ids())
-        split = len(xs) - captured_count
-        operands, captured = list(xs[:split]), list(xs[split:])
-        if self.version < 9:
-            return self.result(self._run_batched(operands, captured))
-        n = self._num_states
-        states, scans = operands[:n], operands[n:]
-        directions = self.attrs.scan_input_directions or (0,) * len(scans)
-        sequences = []
-        for x, axis, reverse in zip(scans, self._input_axes_, directions):
-            x = x.movedim(axis, 0)
-            sequences.append(x.flip(0) if reverse else x)
-        states, collected = self._iterate(states, sequences, range(self._seq_len), captured)
-        out_dirs = self.attrs.scan_output_directions or (0,) * len(collected)
-        results = list(states)
-        for k, (values, axis) in enumerate(zip(collected, self._output_axes)):
-            stacked = torch.stack(values) if values else torch.zeros(
-                self.outputs[n + k].info.shape, dtype=self.outputs[n + k].info.dtype.torch)
-            if values and out_dirs[k]:
-                stacked = stacked.flip(0)
-            results.append(stacked.movedim(0, axis) if values else stacked)
-        return results[0] if len(self.outputs) == 1 else tuple(results[: len(self.outputs)])
-
-    def _iterate(self, states, sequences, steps, captured):
-        body = self.attrs.body
-        n = len(states)
-        collected: list[list[torch.Tensor]] = []
-        for t in steps:
-            outs = self.run_body(body, [*states, *(x[t] for x in sequences)], captured)
-            states = outs[:n]
-            if not collected:
-                collected = [[] for _ in outs[n:]]
-            for acc, value in zip(collected, outs[n:]):
-                acc.append(value)
-        return states, collected
-
-    def _run_batched(self, operands, captured):
-        n = self._num_states
-        seq_lens, states, scans = operands[0], operands[1 : 1 + n], operands[1 + n :]
-        directions = self.attrs.directions or (0,) * len(scans)
-        final_states = [[] for _ in range(n)]
-        scan_results = [
-            torch.zeros(info.shape, dtype=info.dtype.torch) for info in self._scan_infos()
-        ]
-        for b in range(self._batch):
-            length = int(seq_lens[b]) if seq_lens is not None else self._seq_len
-            if not 0 <= length <= self._seq_len:
-                raise popart_exception(
-                    f"{self.debug_name}: sequence_lens[{b}] = {length} is outside [0, "
-                    f"{self._seq_len}]."
-                )
-            sequences = []
-            for x, reverse in zip(scans, directions):
-                x = x[b, :length]
-                sequences.append(x.flip(0) if reverse else x)
-            s, collected = self._iterate([st[b] for st in states], sequences, range(length),
-                                         captured)
-            for k in range(n):
-                final_states[k].append(s[k])
-            for k, values in enumerate(collected):
-                if values:
-                    scan_results[k][b, :length] = torch.stack(values)
-        return [*(torch.stack(v) for v in final_states), *scan_results]
-
-    def _scan_infos(self) -> list[TensorInfo]:
-        outs = self.attrs.body.output_infos()[self._num_states:]
-        return [TensorInfo(o.dtype, (self._batch, self._seq_len, *o.shape)) for o in outs]
-
-    def cost(self):
-        flops, moved = self.body_flops(self.attrs.body)
-        reps = getattr(self, "_seq_len", 1) * getattr(self, "_batch", 1)
-        return flops * reps, moved * reps
-
-    def grad(self, g):
-        raise popart_exception(
-            f"{self.debug_name}: Scan is not differentiable yet. Detach its inputs "
-            f"(aiGraphcore.detach) or unroll the scan in the model."
-        )

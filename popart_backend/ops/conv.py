@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from ..errors import ShapeError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
+from .multi_grad import add_multi_grad_op, pick_grads, wanted_grads
 from .registry import AI_GRAPHCORE, register_op
 
 AUTO_PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -60,6 +62,45 @@ def spatial_list(op: Op, name: str, values: tuple, n: int, default: int) -> tupl
     return tuple(int(v) for v in values)
 
 
+def _check_steps(
+    op: Op, n: int, strides: tuple, dilations: tuple, auto_pad: str
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per-dim strides and dilations (default 1), after checking them and ``auto_pad``."""
+    strides = spatial_list(op, "strides", strides, n, 1)
+    dilations = spatial_list(op, "dilations", dilations, n, 1)
+    if auto_pad not in AUTO_PAD_MODES:
+        raise ShapeError(
+            f"{op.debug_name}: auto_pad='{auto_pad}' is not one of {list(AUTO_PAD_MODES)}."
+        )
+    if any(s < 1 for s in strides) or any(d < 1 for d in dilations):
+        raise ShapeError(
+            f"{op.debug_name}: strides {list(strides)} and dilations {list(dilations)} must be "
+            f">= 1."
+        )
+    return strides, dilations
+
+
+def _split_pads(totals, auto_pad: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(begin, end) pads sharing each total; ONNX puts the odd unit at the end for SAME_UPPER,
+    else (SAME_LOWER, or ConvTranspose's output_shape) at the start."""
+    if auto_pad == "SAME_UPPER":
+        begin = tuple(t // 2 for t in totals)
+    else:
+        begin = tuple(t - t // 2 for t in totals)
+    return begin, tuple(t - b for t, b in zip(totals, begin))
+
+
+def _explicit_pads(op: Op, pads: tuple, n: int, auto_pad: str):
+    """(begin, end) pads of the ``pads`` attribute (none for VALID or when absent)."""
+    if auto_pad == "VALID" or not pads:
+        return (0,) * n, (0,) * n
+    if len(pads) != 2 * n:
+        raise ShapeError(
+            f"{op.debug_name}: pads={list(pads)} needs {2 * n} values (begins then ends)."
+        )
+    return tuple(int(p) for p in pads[:n]), tuple(int(p) for p in pads[n:])
+
+
 def resolve_window(
     op: Op,
     in_sizes: tuple[int, ...],
@@ -76,37 +117,16 @@ def resolve_window(
     ONNX reference, onnxruntime and torch all do.
     """
     n = len(in_sizes)
-    strides = spatial_list(op, "strides", strides, n, 1)
-    dilations = spatial_list(op, "dilations", dilations, n, 1)
-    if auto_pad not in AUTO_PAD_MODES:
-        raise ShapeError(
-            f"{op.debug_name}: auto_pad='{auto_pad}' is not one of {list(AUTO_PAD_MODES)}."
-        )
-    if any(s < 1 for s in strides) or any(d < 1 for d in dilations):
-        raise ShapeError(
-            f"{op.debug_name}: strides {list(strides)} and dilations {list(dilations)} must be "
-            f">= 1."
-        )
+    strides, dilations = _check_steps(op, n, strides, dilations, auto_pad)
     extent = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         out_sizes = tuple(-(-i // s) for i, s in zip(in_sizes, strides))
         totals = [max(0, (o - 1) * s + e - i) for o, s, e, i in zip(out_sizes, strides, extent, in_sizes)]
-        if auto_pad == "SAME_UPPER":
-            begin = tuple(t // 2 for t in totals)
-        else:
-            begin = tuple(t - t // 2 for t in totals)
-        end = tuple(t - b for t, b in zip(totals, begin))
+        begin, end = _split_pads(totals, auto_pad)
         return Window(kernel, strides, dilations, begin, end, out_sizes)
-    if auto_pad == "VALID" or not pads:
-        begin = end = (0,) * n
-    else:
-        if len(pads) != 2 * n:
-            raise ShapeError(
-                f"{op.debug_name}: pads={list(pads)} needs {2 * n} values (begins then ends)."
-            )
-        begin, end = tuple(int(p) for p in pads[:n]), tuple(int(p) for p in pads[n:])
-        if any(p < 0 for p in pads):
-            raise ShapeError(f"{op.debug_name}: pads={list(pads)} must not be negative.")
+    begin, end = _explicit_pads(op, pads, n, auto_pad)
+    if any(p < 0 for p in begin + end):
+        raise ShapeError(f"{op.debug_name}: pads={list(pads)} must not be negative.")
     out_sizes = []
     for i, b, e, ext, s in zip(in_sizes, begin, end, extent, strides):
         span = i + b + e - ext
@@ -123,60 +143,118 @@ def resolve_window(
     return Window(kernel, strides, dilations, begin, end, tuple(out_sizes))
 
 
-def _check_spatial_input(op: Op, x: TensorInfo, what: str = "X") -> int:
-    if x.rank < 3 or x.rank > 5:
-        raise ShapeError(
-            f"{op.debug_name}: {what} {x} must be [N, C, D1..Dn] with 1 to 3 spatial dims."
-        )
-    return x.rank - 2
+@dataclass(frozen=True)
+class _ConvAttrs:
+    """The attributes of Conv, which ConvTranspose extends."""
+
+    auto_pad: str = "NOTSET"
+    dilations: tuple[int, ...] = ()
+    group: int = 1
+    kernel_shape: tuple[int, ...] = ()
+    pads: tuple[int, ...] = ()
+    strides: tuple[int, ...] = ()
 
 
-def _check_bias(op: Op, bias: TensorInfo | None, channels: int, x: TensorInfo) -> None:
-    if bias is None:
-        return
-    if bias.shape != (channels,):
-        raise ShapeError(
-            f"{op.debug_name}: bias B {bias} must have shape [{channels}] (one per output channel)."
-        )
-    if bias.dtype != x.dtype:
-        raise ShapeError(f"{op.debug_name}: bias B {bias} and X {x} have different dtypes.")
-
-
-def _check_kernel_shape(op: Op, kernel_shape: tuple, w: TensorInfo) -> tuple[int, ...]:
-    kernel = w.shape[2:]
-    if kernel_shape and tuple(kernel_shape) != kernel:
-        raise ShapeError(
-            f"{op.debug_name}: kernel_shape={list(kernel_shape)} differs from the spatial dims of "
-            f"the weights W {w}."
-        )
-    return kernel
-
-
-@register_op("Conv", versions=(1, 11))
-class Conv(Op):
-    """Y = conv(X, W) + B with groups, strides, dilations and explicit or automatic pads."""
+class _Convolution(Op):
+    """Shared by Conv and ConvTranspose (and their grad ops): the operand checks, the one grad
+    op for every wanted gradient, and the cost of the product."""
 
     uses_amp = True
 
-    @dataclass(frozen=True)
-    class Attrs:
-        auto_pad: str = "NOTSET"
-        dilations: tuple[int, ...] = ()
-        group: int = 1
-        kernel_shape: tuple[int, ...] = ()
-        pads: tuple[int, ...] = ()
-        strides: tuple[int, ...] = ()
+    # W's layout, for messages: [M, C/group, k...] (Conv) or [C, M/group, k...] (ConvTranspose).
+    weight_layout: ClassVar[str]
+    grad_type: ClassVar[str]
 
-    def infer(self, x, w, b=None):
-        at = self.attrs
-        n = _check_spatial_input(self, x)
+    def check_operands(self, x: TensorInfo, w: TensorInfo) -> int:
+        """The number of spatial dims, after checking X's rank and W's rank and dtype."""
+        if x.rank < 3 or x.rank > 5:
+            raise ShapeError(
+                f"{self.debug_name}: X {x} must be [N, C, D1..Dn] with 1 to 3 spatial dims."
+            )
         if w.rank != x.rank:
             raise ShapeError(
                 f"{self.debug_name}: weights W {w} must have the rank of X {x} "
-                f"([M, C/group, k1..kn])."
+                f"({self.weight_layout})."
             )
         if x.dtype != w.dtype:
             raise ShapeError(f"{self.debug_name}: X {x} and W {w} have different dtypes.")
+        return x.rank - 2
+
+    def check_bias(self, bias: TensorInfo | None, channels: int, x: TensorInfo) -> None:
+        if bias is None:
+            return
+        if bias.shape != (channels,):
+            raise ShapeError(
+                f"{self.debug_name}: bias B {bias} must have shape [{channels}] (one per output "
+                f"channel)."
+            )
+        if bias.dtype != x.dtype:
+            raise ShapeError(f"{self.debug_name}: bias B {bias} and X {x} have different dtypes.")
+
+    def check_kernel_shape(self, w: TensorInfo) -> tuple[int, ...]:
+        kernel = w.shape[2:]
+        kernel_shape = self.attrs.kernel_shape
+        if kernel_shape and tuple(kernel_shape) != kernel:
+            raise ShapeError(
+                f"{self.debug_name}: kernel_shape={list(kernel_shape)} differs from the spatial "
+                f"dims of the weights W {w}."
+            )
+        return kernel
+
+    def grad(self, g):
+        # One grad op for all of X, W, B that need a gradient; its outputs follow ``wrt``.
+        wrt = wanted_grads(g)
+        if wrt:
+            add_multi_grad_op(g, self.grad_type, g.output_grad(0), g.input(0), g.input(1),
+                              wrt=wrt, **dataclasses.asdict(self.attrs))
+
+    def product_rows(self) -> TensorInfo:
+        """The tensor each of whose elements meets ``W.nelms / W.shape[0]`` weights."""
+        raise NotImplementedError
+
+    def cost(self) -> tuple[int, int]:
+        _, moved = super().cost()
+        w = self.inputs[1].info
+        bias = self.outputs[0].info.nelms if len(self.inputs) > 2 and self.inputs[2] else 0
+        return 2 * self.product_rows().nelms * (w.nelms // w.shape[0]) + bias, moved
+
+
+class _ConvolutionGrad:
+    """Mixin of ConvGrad and ConvTransposeGrad: the output infos and cost of the ``wrt`` grads.
+
+    Inputs dY, X, W; dX and dW each cost the forward product (every element of
+    ``product_rows()``, Conv: dY, ConvTranspose: X, does a multiply-add with
+    ``W.nelms / W.shape[0]`` weights), and dB sums dY once.
+    """
+
+    def grad_infos(self, x: TensorInfo, w: TensorInfo, bias_channels: int) -> list[TensorInfo]:
+        wrt = self.attrs.wrt
+        if any(i not in (0, 1, 2) for i in wrt) or not wrt:
+            raise ShapeError(f"{self.debug_name}: wrt={list(wrt)} must list inputs 0, 1, 2.")
+        infos = (x, w, TensorInfo(x.dtype, (bias_channels,)))
+        self._mask = [i in wrt for i in range(3)]
+        self._bias_sizes = [bias_channels] if self._mask[2] else None
+        return [infos[i] for i in wrt]
+
+    def cost(self) -> tuple[int, int]:
+        _, moved = Op.cost(self)
+        dy, w = self.inputs[0].info, self.inputs[2].info
+        forward = 2 * self.product_rows().nelms * (w.nelms // w.shape[0])
+        wrt = self.attrs.wrt
+        return forward * sum(1 for i in wrt if i in (0, 1)) + (dy.nelms if 2 in wrt else 0), moved
+
+
+@register_op("Conv", versions=(1, 11))
+class Conv(_Convolution):
+    """Y = conv(X, W) + B with groups, strides, dilations and explicit or automatic pads."""
+
+    weight_layout = "[M, C/group, k1..kn]"
+    grad_type = "ConvGrad"
+    Attrs = _ConvAttrs
+
+    def infer(self, x, w, b=None):
+        at = self.attrs
+        n = self.check_operands(x, w)
         group = at.group
         if group < 1 or x.shape[1] != w.shape[1] * group:
             raise ShapeError(
@@ -189,8 +267,8 @@ class Conv(Op):
                 f"{self.debug_name}: W {w} has {w.shape[0]} output channels, not divisible by "
                 f"group={group}."
             )
-        _check_bias(self, b, w.shape[0], x)
-        kernel = _check_kernel_shape(self, at.kernel_shape, w)
+        self.check_bias(b, w.shape[0], x)
+        kernel = self.check_kernel_shape(w)
         win = resolve_window(
             self, x.shape[2:], kernel, at.strides, at.dilations, at.pads, at.auto_pad
         )
@@ -208,46 +286,13 @@ class Conv(Op):
             x = F.pad(x, self._pre_pad)
         return self._fn(x, w, b, self._stride, self._padding, self._dilation, self._groups)
 
-    def grad(self, g):
-        _conv_grads(self, g, "ConvGrad")
-
-    def cost(self) -> tuple[int, int]:
+    def product_rows(self) -> TensorInfo:
         # W is [M, C/group, k...]: each output element is a dot product of C/group·prod(k).
-        _, moved = super().cost()
-        y, w = self.outputs[0].info, self.inputs[1].info
-        bias = y.nelms if len(self.inputs) > 2 and self.inputs[2] is not None else 0
-        return 2 * y.nelms * (w.nelms // w.shape[0]) + bias, moved
-
-
-def _conv_grads(op: Op, g, grad_type: str) -> None:
-    """One grad op for all of X, W, B that need a gradient; its outputs follow ``wrt``."""
-    wrt = tuple(i for i in range(len(op.inputs)) if g.has_input(i) and g.needs_input_grad(i))
-    if not wrt:
-        return
-    attrs = dataclasses.asdict(op.attrs)
-    grads = g.op(grad_type, g.output_grad(0), g.input(0), g.input(1), domain=AI_GRAPHCORE,
-                 num_outputs=len(wrt), wrt=wrt, **attrs)
-    grads = grads if isinstance(grads, list) else [grads]
-    for i, grad in zip(wrt, grads):
-        g.set_input_grad(i, grad)
-
-
-def pick_grads(grads, wrt: tuple[int, ...]):
-    """The gradients listed in ``wrt``; a lone tensor when there is one (single-output op)."""
-    return grads[wrt[0]] if len(wrt) == 1 else tuple(grads[i] for i in wrt)
-
-
-def _grad_infos(op: Op, x: TensorInfo, w: TensorInfo, bias_channels: int) -> list[TensorInfo]:
-    if any(i not in (0, 1, 2) for i in op.attrs.wrt) or not op.attrs.wrt:
-        raise ShapeError(f"{op.debug_name}: wrt={list(op.attrs.wrt)} must list inputs 0, 1, 2.")
-    infos = (x, w, TensorInfo(x.dtype, (bias_channels,)))
-    op._mask = [i in op.attrs.wrt for i in range(3)]
-    op._bias_sizes = [bias_channels] if op._mask[2] else None
-    return [infos[i] for i in op.attrs.wrt]
+        return self.outputs[0].info
 
 
 @register_op("ConvGrad", versions=1, domain=AI_GRAPHCORE)
-class ConvGrad(Conv):
+class ConvGrad(_ConvolutionGrad, Conv):
     """dX, dW, dB of Conv (those listed in ``wrt``, in that order) from dY, X and W."""
 
     @dataclass(frozen=True)
@@ -258,7 +303,7 @@ class ConvGrad(Conv):
         y = Conv.infer(self, x, w)
         if dy.shape != y.shape:
             raise ShapeError(f"{self.debug_name}: dY {dy} must have the output shape {y}.")
-        return _grad_infos(self, x, w, w.shape[0])
+        return self.grad_infos(x, w, w.shape[0])
 
     def kernel(self, dy, x, w):
         if self._pre_pad is not None:
@@ -273,46 +318,25 @@ class ConvGrad(Conv):
             grads = (F.pad(grads[0], tuple(-p for p in self._pre_pad)),) + tuple(grads[1:])
         return pick_grads(grads, self.attrs.wrt)
 
-    def cost(self) -> tuple[int, int]:
-        return _grad_cost(self, self.inputs[0].info, self.inputs[0].info, self.inputs[2].info)
-
-
-def _grad_cost(op: Op, rows: TensorInfo, dy: TensorInfo, w: TensorInfo) -> tuple[int, int]:
-    """dX and dW each cost the forward product: every element of ``rows`` (Conv: Y, ConvTranspose:
-    X) does a multiply-add with ``w.nelms // w.shape[0]`` weights. dB sums dY once."""
-    _, moved = Op.cost(op)
-    forward = 2 * rows.nelms * (w.nelms // w.shape[0])
-    wrt = op.attrs.wrt
-    return forward * sum(1 for i in wrt if i in (0, 1)) + (dy.nelms if 2 in wrt else 0), moved
+    def product_rows(self) -> TensorInfo:
+        return self.inputs[0].info  # dY, the forward's Y
 
 
 @register_op("ConvTranspose", versions=(1, 11))
-class ConvTranspose(Op):
+class ConvTranspose(_Convolution):
     """The gradient of Conv with respect to its input, used as an upsampling layer."""
 
-    uses_amp = True
+    weight_layout = "[C, M/group, k1..kn]"
+    grad_type = "ConvTransposeGrad"
 
     @dataclass(frozen=True)
-    class Attrs:
-        auto_pad: str = "NOTSET"
-        dilations: tuple[int, ...] = ()
-        group: int = 1
-        kernel_shape: tuple[int, ...] = ()
+    class Attrs(_ConvAttrs):
         output_padding: tuple[int, ...] = ()
         output_shape: tuple[int, ...] = ()
-        pads: tuple[int, ...] = ()
-        strides: tuple[int, ...] = ()
 
     def infer(self, x, w, b=None):
         at = self.attrs
-        n = _check_spatial_input(self, x)
-        if w.rank != x.rank:
-            raise ShapeError(
-                f"{self.debug_name}: weights W {w} must have the rank of X {x} "
-                f"([C, M/group, k1..kn])."
-            )
-        if x.dtype != w.dtype:
-            raise ShapeError(f"{self.debug_name}: X {x} and W {w} have different dtypes.")
+        n = self.check_operands(x, w)
         group = at.group
         if group < 1 or x.shape[1] != w.shape[0] or w.shape[0] % group:
             raise ShapeError(
@@ -320,17 +344,11 @@ class ConvTranspose(Op):
                 f"has {w.shape[0]} input channels (group={group}). Check the layer's in_channels."
             )
         out_channels = w.shape[1] * group
-        _check_bias(self, b, out_channels, x)
-        kernel = _check_kernel_shape(self, at.kernel_shape, w)
+        self.check_bias(b, out_channels, x)
+        kernel = self.check_kernel_shape(w)
         in_sizes = x.shape[2:]
-        strides = spatial_list(self, "strides", at.strides, n, 1)
-        dilations = spatial_list(self, "dilations", at.dilations, n, 1)
         out_pad = spatial_list(self, "output_padding", at.output_padding, n, 0)
-        if at.auto_pad not in AUTO_PAD_MODES:
-            raise ShapeError(
-                f"{self.debug_name}: auto_pad='{at.auto_pad}' is not one of "
-                f"{list(AUTO_PAD_MODES)}."
-            )
+        strides, dilations = _check_steps(self, n, at.strides, at.dilations, at.auto_pad)
         extent = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
         # Length of the transposed convolution before any pad is cropped.
         full = tuple(s * (i - 1) + op + e for s, i, op, e in zip(strides, in_sizes, out_pad, extent))
@@ -351,20 +369,9 @@ class ConvTranspose(Op):
                     f"{self.debug_name}: output_shape {list(target)} is larger than the "
                     f"transposed convolution can produce ({list(full)}); raise output_padding."
                 )
-            # ONNX: the odd unit of padding goes to the end for SAME_UPPER, else to the start.
-            if at.auto_pad == "SAME_UPPER":
-                begin = tuple(t // 2 for t in totals)
-            else:
-                begin = tuple(t - t // 2 for t in totals)
-            end = tuple(t - bg for t, bg in zip(totals, begin))
-        elif at.auto_pad == "VALID" or not at.pads:
-            begin = end = (0,) * n
+            begin, end = _split_pads(totals, at.auto_pad)
         else:
-            if len(at.pads) != 2 * n:
-                raise ShapeError(
-                    f"{self.debug_name}: pads={list(at.pads)} needs {2 * n} values."
-                )
-            begin, end = tuple(at.pads[:n]), tuple(at.pads[n:])
+            begin, end = _explicit_pads(self, at.pads, n, at.auto_pad)
         out_sizes = tuple(f - bg - e for f, bg, e in zip(full, begin, end))
         if any(o <= 0 for o in out_sizes):
             raise ShapeError(
@@ -396,19 +403,13 @@ class ConvTranspose(Op):
         y = F.pad(self._fn(x, w, None, self._stride, 0, 0, self._groups, self._dilation), self._crop)
         return y if b is None else y.add_(b.view(self._bias_shape))
 
-    def grad(self, g):
-        _conv_grads(self, g, "ConvTransposeGrad")
-
-    def cost(self) -> tuple[int, int]:
+    def product_rows(self) -> TensorInfo:
         # W is [C, M/group, k...]: each input element scatters into M/group·prod(k) outputs.
-        _, moved = super().cost()
-        x, w = self.inputs[0].info, self.inputs[1].info
-        bias = self.outputs[0].info.nelms if len(self.inputs) > 2 and self.inputs[2] else 0
-        return 2 * x.nelms * (w.nelms // w.shape[0]) + bias, moved
+        return self.inputs[0].info
 
 
 @register_op("ConvTransposeGrad", versions=1, domain=AI_GRAPHCORE)
-class ConvTransposeGrad(ConvTranspose):
+class ConvTransposeGrad(_ConvolutionGrad, ConvTranspose):
     """dX, dW, dB of ConvTranspose (those listed in ``wrt``, in that order) from dY, X and W."""
 
     @dataclass(frozen=True)
@@ -420,7 +421,7 @@ class ConvTransposeGrad(ConvTranspose):
         if dy.shape != y.shape:
             raise ShapeError(f"{self.debug_name}: dY {dy} must have the output shape {y}.")
         self._sum_dims = (0,) + tuple(range(2, y.rank))
-        return _grad_infos(self, x, w, y.shape[1])
+        return self.grad_infos(x, w, y.shape[1])
 
     def kernel(self, dy, x, w):
         mask = self._mask
@@ -432,10 +433,7 @@ class ConvTransposeGrad(ConvTranspose):
             dy, x, w, None, self._stride, self._padding, self._dilation, True, self._out_pad,
             self._groups, [mask[0], mask[1], False],
         )
-        grads = (dx, dw, db)
-        return pick_grads(grads, self.attrs.wrt)
+        return pick_grads((dx, dw, db), self.attrs.wrt)
 
-    def cost(self) -> tuple[int, int]:
-        # The forward product runs over the elements of X (input 1 here), W is [C, M/group, k...].
-        return _grad_cost(self, self.inputs[1].info, self.inputs[0].info, self.inputs[2].info)
-
+    def product_rows(self) -> TensorInfo:
+        return self.inputs[1].info  # X

@@ -67,6 +67,29 @@ def _check_grad_shape(op: Op, dy: TensorInfo, expected) -> None:
             f"{list(expected)} (forward input shape {list(op.attrs.shape)}).")
 
 
+def _gather_grad(g, grad_type: str, dy: str, indices: str, **attrs) -> None:
+    """d data of a gather: ``dy`` added back into zeros of the data's shape at ``indices``."""
+    g.set_input_grad(0, g.op(grad_type, dy, indices, domain=AI_GRAPHCORE,
+                             shape=g.input_info(0).shape, **attrs))
+
+
+class _AxisGatherGrad(Op):
+    """Base of GatherGrad and GatherElementsGrad: zeros of the gathered data's ``shape`` with
+    dy added back along ``axis``."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        axis: int
+        shape: tuple[int, ...]  # of the gathered data
+
+    def setup(self, dy: TensorInfo, indices: TensorInfo, gathered_shape) -> TensorInfo:
+        """Checks dy against the forward output's shape ``gathered_shape``; returns d data."""
+        _check_index_dtype(self, indices)
+        _check_grad_shape(self, dy, gathered_shape)
+        self.size = self.attrs.shape[self.attrs.axis]
+        return dy.with_shape(self.attrs.shape)
+
+
 def _scatter_grad(op: Op, g, scatter_type: str, gather_type: str, **attrs) -> None:
     """Gradients of a scatter: ``data`` gets dy with the overwritten positions zeroed (or dy
     itself for reduction 'add'); ``updates`` gets dy gathered at the indices."""
@@ -112,26 +135,17 @@ class Gather(Op):
         return torch.index_select(data, self.axis, index).reshape(self.out_shape)
 
     def grad(self, g):
-        g.set_input_grad(0, g.op("GatherGrad", g.output_grad(0), g.input(1), domain=AI_GRAPHCORE,
-                                 axis=self.axis, shape=g.input_info(0).shape))
+        _gather_grad(g, "GatherGrad", g.output_grad(0), g.input(1), axis=self.axis)
 
 
 @register_op("GatherGrad", versions=1, domain=AI_GRAPHCORE)
-class GatherGrad(Op):
+class GatherGrad(_AxisGatherGrad):
     """d data = zeros with each gathered slice of dy added back at its index along ``axis``."""
 
-    @dataclass(frozen=True)
-    class Attrs:
-        axis: int
-        shape: tuple[int, ...]  # of the gathered data
-
     def infer(self, dy, indices):
-        _check_index_dtype(self, indices)
         shape, axis = self.attrs.shape, self.attrs.axis
-        _check_grad_shape(self, dy, shape[:axis] + indices.shape + shape[axis + 1 :])
-        self.size = shape[axis]
         self.rows_shape = shape[:axis] + (indices.nelms,) + shape[axis + 1 :]
-        return dy.with_shape(shape)
+        return self.setup(dy, indices, shape[:axis] + indices.shape + shape[axis + 1 :])
 
     def kernel(self, dy, indices):
         index = _wrap_negative(indices, self.size).reshape(-1)
@@ -166,25 +180,15 @@ class GatherElements(Op):
         return torch.gather(data, self.axis, _wrap_negative(indices, self.size))
 
     def grad(self, g):
-        g.set_input_grad(0, g.op("GatherElementsGrad", g.output_grad(0), g.input(1),
-                                 domain=AI_GRAPHCORE, axis=self.axis,
-                                 shape=g.input_info(0).shape))
+        _gather_grad(g, "GatherElementsGrad", g.output_grad(0), g.input(1), axis=self.axis)
 
 
 @register_op("GatherElementsGrad", versions=1, domain=AI_GRAPHCORE)
-class GatherElementsGrad(Op):
+class GatherElementsGrad(_AxisGatherGrad):
     """d data = zeros with dy added at the gathered elements (also TopK's values gradient)."""
 
-    @dataclass(frozen=True)
-    class Attrs:
-        axis: int
-        shape: tuple[int, ...]  # of the gathered data
-
     def infer(self, dy, indices):
-        _check_index_dtype(self, indices)
-        _check_grad_shape(self, dy, indices.shape)
-        self.size = self.attrs.shape[self.attrs.axis]
-        return dy.with_shape(self.attrs.shape)
+        return self.setup(dy, indices, indices.shape)
 
     def kernel(self, dy, indices):
         dx = dy.new_zeros(self.attrs.shape)
@@ -276,9 +280,8 @@ class GatherND(Op):
         return flat.index_select(0, lin(indices).reshape(-1)).reshape(lin.out_shape)
 
     def grad(self, g):
-        g.set_input_grad(0, g.op("GatherNDGrad", g.output_grad(0), g.input(1),
-                                 domain=AI_GRAPHCORE, shape=g.input_info(0).shape,
-                                 batch_dims=getattr(self.attrs, "batch_dims", 0)))
+        _gather_grad(g, "GatherNDGrad", g.output_grad(0), g.input(1),
+                     batch_dims=getattr(self.attrs, "batch_dims", 0))
 
 
 @register_op("GatherNDGrad", versions=1, domain=AI_GRAPHCORE)
@@ -533,9 +536,7 @@ class TopK(Op):
 
     def grad(self, g):
         # The values were gathered from x at the returned indices.
-        g.set_input_grad(0, g.op("GatherElementsGrad", g.output_grad(0), g.output(1),
-                                 domain=AI_GRAPHCORE, axis=self.axis,
-                                 shape=g.input_info(0).shape))
+        _gather_grad(g, "GatherElementsGrad", g.output_grad(0), g.output(1), axis=self.axis)
 
 
 @register_op("CumSum", versions=(11, 14))

@@ -21,10 +21,10 @@ import torch.nn.functional as F
 
 from ..dtypes import DataType
 from ..errors import ShapeError
-from .conv import pick_grads
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
 from .base import normalize_axis
+from .multi_grad import add_multi_grad_op, pick_grads, wanted_grads
 from .registry import AI_GRAPHCORE, register_op
 
 
@@ -149,15 +149,11 @@ class BatchNormalization(_Normalization):
 
 
 def _batch_norm_grads(op: Op, g, stat0: str, stat1: str, training: int) -> None:
-    wrt = tuple(i for i in (0, 1, 2) if g.needs_input_grad(i))
-    if not wrt:
-        return
-    grads = g.op("BatchNormalizationGrad", g.output_grad(0), g.input(0), g.input(1), g.input(2),
-                 stat0, stat1, domain=AI_GRAPHCORE, num_outputs=len(wrt), wrt=wrt,
-                 epsilon=op.attrs.epsilon, spatial=getattr(op.attrs, "spatial", 1),
-                 training=training)
-    for i, grad in zip(wrt, grads if isinstance(grads, list) else [grads]):
-        g.set_input_grad(i, grad)
+    wrt = wanted_grads(g)
+    if wrt:
+        add_multi_grad_op(g, "BatchNormalizationGrad", g.output_grad(0), g.input(0), g.input(1),
+                          g.input(2), stat0, stat1, wrt=wrt, epsilon=op.attrs.epsilon,
+                          spatial=getattr(op.attrs, "spatial", 1), training=training)
 
 
 @register_op("BatchNormalizationTraining", versions=1, domain=AI_GRAPHCORE)
@@ -326,23 +322,22 @@ class LayerNormalization(_Normalization):
         return y if len(self.outputs) == 1 else (y, mean, rstd)
 
     def grad(self, g):
-        wrt = tuple(i for i in (0, 1, 2) if g.has_input(i) and g.needs_input_grad(i))
+        wrt = wanted_grads(g)
         if not wrt:
             return
         saved = len(self.outputs) == 3 and all(t is not None for t in self.outputs[1:])
         stats = (g.output(1), g.output(2)) if saved else (None, None)
         b = g.input(2) if g.has_input(2) else None
         a = self.attrs
-        grads = g.op("LayerNormalizationGrad", g.output_grad(0), g.input(0), g.input(1), b,
-                     *stats, domain=AI_GRAPHCORE, num_outputs=len(wrt), wrt=wrt, axis=a.axis,
-                     epsilon=a.epsilon, stash_type=a.stash_type)
-        for i, grad in zip(wrt, grads if isinstance(grads, list) else [grads]):
-            g.set_input_grad(i, grad)
+        add_multi_grad_op(g, "LayerNormalizationGrad", g.output_grad(0), g.input(0), g.input(1), b,
+                          *stats, wrt=wrt, axis=a.axis, epsilon=a.epsilon,
+                          stash_type=a.stash_type)
 
 
-def _sum_to(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """Sum a gradient of a broadcast operand back to the operand's ``shape``."""
-    if tuple(t.shape) == shape:
+def _sum_to(t: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """Sum a gradient of a broadcast operand back to the operand's ``shape`` (None: not
+    wanted)."""
+    if t is None or tuple(t.shape) == shape:
         return t
     lead = t.dim() - len(shape)
     dims = tuple(range(lead)) + tuple(
@@ -388,13 +383,15 @@ class LayerNormalizationGrad(LayerNormalization):
         dx, dscale, db = torch.ops.aten.native_layer_norm_backward(
             dy, x, shape, mean, rstd, weight, weight if self._mask[2] else None, self._mask
         )
-        out_dtype = self.inputs[1].info.dtype.torch
-        grads = (
-            None if dx is None else dx.to(out_dtype),
-            None if dscale is None else _sum_to(dscale, self._shapes[1]).to(out_dtype),
-            None if db is None else _sum_to(db, self._shapes[2]).to(out_dtype),
-        )
-        return pick_grads(grads, self.attrs.wrt)
+        grads = (dx, _sum_to(dscale, self._shapes[1]), _sum_to(db, self._shapes[2]))
+        return pick_grads(_cast_grads(grads, (self.inputs[1].info.dtype.torch,) * 3),
+                          self.attrs.wrt)
+
+
+def _cast_grads(grads, dtypes) -> tuple:
+    """Each wanted gradient (None: not wanted) in its dtype: the backward kernels compute in the
+    stash type, the gradients take their inputs' types."""
+    return tuple(None if t is None else t.to(dtype) for t, dtype in zip(grads, dtypes))
 
 
 def _check_channel_params(op: Op, x: TensorInfo, size: int, *params) -> None:
@@ -493,14 +490,11 @@ class GroupNormalization(_Normalization):
 
 
 def _group_norm_grads(op: Op, g, groups: int, per_group_scale: int, stash: int | None) -> None:
-    wrt = tuple(i for i in (0, 1, 2) if g.needs_input_grad(i))
-    if not wrt:
-        return
-    grads = g.op("GroupNormalizationGrad", g.output_grad(0), g.input(0), g.input(1), g.input(2),
-                 domain=AI_GRAPHCORE, num_outputs=len(wrt), wrt=wrt, num_groups=groups,
-                 epsilon=op.attrs.epsilon, per_group_scale=per_group_scale, stash_type=stash)
-    for i, grad in zip(wrt, grads if isinstance(grads, list) else [grads]):
-        g.set_input_grad(i, grad)
+    wrt = wanted_grads(g)
+    if wrt:
+        add_multi_grad_op(g, "GroupNormalizationGrad", g.output_grad(0), g.input(0), g.input(1),
+                          g.input(2), wrt=wrt, num_groups=groups, epsilon=op.attrs.epsilon,
+                          per_group_scale=per_group_scale, stash_type=stash)
 
 
 @register_op("GroupNormalizationGrad", versions=1, domain=AI_GRAPHCORE)
@@ -550,11 +544,7 @@ class GroupNormalizationGrad(_Normalization):
         if self._repeat > 1:
             dscale = None if dscale is None else dscale.view(groups, -1).sum(1)
             db = None if db is None else db.view(groups, -1).sum(1)
-        grads = (
-            None if dx is None else dx.to(x.dtype),
-            None if dscale is None else dscale.to(scale.dtype),
-            None if db is None else db.to(b.dtype),
-        )
+        grads = _cast_grads((dx, dscale, db), (x.dtype, scale.dtype, b.dtype))
         return pick_grads(grads, self.attrs.wrt)
 
 

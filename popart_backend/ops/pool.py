@@ -59,12 +59,25 @@ def _torch_can_pad(win: Window) -> bool:
     return win.symmetric and all(2 * p <= k for p, k in zip(win.pads_begin, win.kernel))
 
 
+@dataclass(frozen=True)
+class _WindowV1Attrs:
+    """The window attributes of MaxPool-1 and AveragePool-1, which later versions extend."""
+
+    kernel_shape: tuple[int, ...]
+    auto_pad: str = "NOTSET"
+    pads: tuple[int, ...] = ()
+    strides: tuple[int, ...] = ()
+
+
 class _WindowPool(Op):
     """Shared attribute handling: older versions' Attrs lack later fields, whose defaults then
     mean exactly what the older version did (no dilation, floor mode, ...)."""
 
     # The grad ops read dY (input 0), which has the pooled output's shape.
     pooled_input: ClassVar[bool] = False
+    grad_type: ClassVar[str]
+    # The grad op also reads Y (after dY and X).
+    grad_reads_output: ClassVar[bool] = False
 
     def cost(self) -> tuple[int, int]:
         # One compare or add per element of each window.
@@ -93,17 +106,33 @@ class _WindowPool(Op):
             bool(at.ceil_mode),
         )
 
+    def grad(self, g):
+        extra = (g.output(0),) if self.grad_reads_output else ()
+        g.set_input_grad(0, g.op(self.grad_type, g.output_grad(0), g.input(0), *extra,
+                                 domain=AI_GRAPHCORE, **dataclasses.asdict(self.full_attrs())))
+
+
+class _WindowPoolGrad:
+    """Mixin of the windowed pools' grad ops: inputs dY, X (, Y) and the forward op's latest
+    Attrs (the forward's ``grad()`` passes every field, defaults included)."""
+
+    pooled_input = True
+
+    @classmethod
+    def attrs_type(cls, version: int):
+        return cls.Attrs
+
+    def check_dy(self, dy: TensorInfo, y: TensorInfo) -> None:
+        if dy.shape != y.shape:
+            raise ShapeError(f"{self.debug_name}: dY {dy} must have the output shape {y}.")
+
 
 @register_op("MaxPool", versions=(1, 8, 10, 11, 12))
 class MaxPool(_WindowPool):
     """Y = max over each window; Indices (version >= 8) = flat index of the max in X."""
 
-    @dataclass(frozen=True)
-    class V1Attrs:
-        kernel_shape: tuple[int, ...]
-        auto_pad: str = "NOTSET"
-        pads: tuple[int, ...] = ()
-        strides: tuple[int, ...] = ()
+    grad_type = "MaxPoolGrad"
+    V1Attrs = _WindowV1Attrs
 
     @dataclass(frozen=True)
     class V8Attrs(V1Attrs):
@@ -167,11 +196,6 @@ class MaxPool(_WindowPool):
             idx = self._index_map[idx]
         return y, idx.add_(self._plane_offset)
 
-    def grad(self, g):
-        attrs = dataclasses.asdict(self.full_attrs())
-        g.set_input_grad(0, g.op("MaxPoolGrad", g.output_grad(0), g.input(0),
-                                 domain=AI_GRAPHCORE, **attrs))
-
 
 def _max_pool_backward(n: int):
     """torch's max-pool backward for ``n`` spatial dims (1-D through the 2-D kernel)."""
@@ -190,19 +214,11 @@ def _max_pool_backward(n: int):
 
 
 @register_op("MaxPoolGrad", versions=1, domain=AI_GRAPHCORE)
-class MaxPoolGrad(MaxPool):
+class MaxPoolGrad(_WindowPoolGrad, MaxPool):
     """dX of MaxPool: the window maxima are found again (indices) and dY is routed there."""
 
-    pooled_input = True
-
-    @classmethod
-    def attrs_type(cls, version: int):
-        return MaxPool.Attrs
-
     def infer(self, dy, x):
-        y = self.setup(x)
-        if dy.shape != y.shape:
-            raise ShapeError(f"{self.debug_name}: dY {dy} must have the output shape {y}.")
+        self.check_dy(dy, self.setup(x))
         self._backward = _max_pool_backward(x.rank - 2)
         return x
 
@@ -279,12 +295,8 @@ def _counts(win: Window, in_sizes, include_pad: bool) -> list[list[int]]:
 class AveragePool(_WindowPool):
     """Y = mean over each window; count_include_pad decides whether pads count."""
 
-    @dataclass(frozen=True)
-    class V1Attrs:
-        kernel_shape: tuple[int, ...]
-        auto_pad: str = "NOTSET"
-        pads: tuple[int, ...] = ()
-        strides: tuple[int, ...] = ()
+    grad_type = "AveragePoolGrad"
+    V1Attrs = _WindowV1Attrs
 
     @dataclass(frozen=True)
     class V7Attrs(V1Attrs):
@@ -340,11 +352,6 @@ class AveragePool(_WindowPool):
             return self._fn(x, *self._args)
         return self._sum(x).mul_(self._inv_count)
 
-    def grad(self, g):
-        attrs = dataclasses.asdict(self.full_attrs())
-        g.set_input_grad(0, g.op("AveragePoolGrad", g.output_grad(0), g.input(0),
-                                 domain=AI_GRAPHCORE, **attrs))
-
 
 class _SumPoolAdjoint:
     """The adjoint of ``_SumPool``: each window's gradient added back onto every input element
@@ -375,19 +382,11 @@ _AVG_POOL_BACKWARD = {2: torch.ops.aten.avg_pool2d_backward, 3: torch.ops.aten.a
 
 
 @register_op("AveragePoolGrad", versions=1, domain=AI_GRAPHCORE)
-class AveragePoolGrad(AveragePool):
+class AveragePoolGrad(_WindowPoolGrad, AveragePool):
     """dX of AveragePool: dY divided by each window's count, spread over the window."""
 
-    pooled_input = True
-
-    @classmethod
-    def attrs_type(cls, version: int):
-        return AveragePool.Attrs
-
     def infer(self, dy, x):
-        y = AveragePool.infer(self, x)
-        if dy.shape != y.shape:
-            raise ShapeError(f"{self.debug_name}: dY {dy} must have the output shape {y}.")
+        self.check_dy(dy, AveragePool.infer(self, x))
         if self._sum is not None:
             s = self._sum
             self._adjoint = _SumPoolAdjoint(x, s.win, s.pre_pad, s.padded)
@@ -412,6 +411,9 @@ class AveragePoolGrad(AveragePool):
 @register_op("LpPool", versions=(1, 2, 11, 18))
 class LpPool(_WindowPool):
     """Y = (sum over each window of |x|^p)^(1/p); pads contribute zeros."""
+
+    grad_type = "LpPoolGrad"
+    grad_reads_output = True
 
     @dataclass(frozen=True)
     class V1Attrs:
@@ -462,21 +464,11 @@ class LpPool(_WindowPool):
             return self._sum(x.abs())
         return self._sum(x.abs().pow_(p)).pow_(1.0 / p)
 
-    def grad(self, g):
-        g.set_input_grad(0, g.op("LpPoolGrad", g.output_grad(0), g.input(0), g.output(0),
-                                 domain=AI_GRAPHCORE, **dataclasses.asdict(self.full_attrs())))
-
 
 @register_op("LpPoolGrad", versions=1, domain=AI_GRAPHCORE)
-class LpPoolGrad(LpPool):
+class LpPoolGrad(_WindowPoolGrad, LpPool):
     """dX = adjoint(dY * Y^(1-p)) * |X|^(p-1) * sign(X); Y = 0 windows give NaN, as torch's
     norm backward at zero does for p < 1 and as 0/0 does here."""
-
-    pooled_input = True
-
-    @classmethod
-    def attrs_type(cls, version: int):
-        return LpPool.Attrs
 
     def infer(self, dy, x, y):
         LpPool.infer(self, x)

@@ -334,29 +334,24 @@ class Resize(ResizeBase):
     const_inputs = (1, 2, 3)
 
     @dataclass(frozen=True)
-    class Attrs:
+    class Attrs10:
         mode: str = "nearest"
+
+    @dataclass(frozen=True)
+    class Attrs11(Attrs10):
         coordinate_transformation_mode: str = "half_pixel"
         nearest_mode: str = "round_prefer_floor"
         cubic_coeff_a: float = -0.75
         exclude_outside: int = 0
         extrapolation_value: float = 0.0
+
+    @dataclass(frozen=True)
+    class Attrs(Attrs11):
+        """Versions 18 and 19."""
+
         antialias: int = 0
         axes: tuple[int, ...] | None = None
         keep_aspect_ratio_policy: str = "stretch"
-
-    @dataclass(frozen=True)
-    class Attrs11:
-        mode: str = "nearest"
-        coordinate_transformation_mode: str = "half_pixel"
-        nearest_mode: str = "round_prefer_floor"
-        cubic_coeff_a: float = -0.75
-        exclude_outside: int = 0
-        extrapolation_value: float = 0.0
-
-    @dataclass(frozen=True)
-    class Attrs10:
-        mode: str = "nearest"
 
     @classmethod
     def attrs_type(cls, version):

@@ -3,7 +3,8 @@
 PopART returns libpva's ``Report``; the simulator's report holds what its device model knows:
 memory per IPU, per category and per tile, the largest tensors, the op-by-op cycles of one step,
 and the runs profiled so far. ``to_json(path)`` saves it; ``to_chrome_trace(path)`` writes the
-timeline of one step (report/trace.py).
+timeline of one step (report/trace.py); ``to_html(path)`` writes a self-contained page with
+plots (report/html.py).
 """
 
 from __future__ import annotations
@@ -94,6 +95,13 @@ class Report:
 
     def to_chrome_trace(self, path) -> None:
         Path(path).write_text(json.dumps(chrome_trace(self.model)))
+
+    def to_html(self, path) -> None:
+        """A self-contained HTML page: summary numbers, plots of memory per IPU, per tile and
+        over the schedule, the timeline of one step, and the largest tensors."""
+        from .html import write_html  # matplotlib loads only when a page is written
+
+        write_html(self.model, path, self.runs)
 
     def summary(self) -> str:
         return summary_text(self.model, self.runs)

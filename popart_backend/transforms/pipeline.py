@@ -33,6 +33,7 @@ from .ipu_copy import InsertIpuCopies
 from .pipelining import AssignPipelineStages, InsertPipelineStashes
 from .random_seed import WireRandomSeed
 from .recompute import Recompute
+from .replication import AllReduceGradients
 from .training_semantics import TrainingSemantics
 from .virtual_graphs import AssignVirtualGraphs, Placement, PlaceRemainingOps
 
@@ -81,6 +82,9 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
                     batches_per_step: int = 1) -> list:
     """Passes for a TrainingSession, in order (docs/training.md).
 
+    ``replication_factor`` is the global replication factor (all replicas of all instances):
+    the gradient all-reduce and the Mean reduction span it.
+
     ``optimizer`` provides ``apply``, ``getLossScalingVal`` and ``loss_scaling_is_const``
     (``popart_backend.optimizers``). The ``ApplyOptimizer`` pass of the list keeps what the
     optimizer added (``.tensors``), which the session reads.
@@ -106,6 +110,10 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
         passes.append(accumulation)
         grads = lambda: accumulation.weight_grads  # noqa: E731
         context = accumulation.context
+    # Gradients summed over all (global) replicas before the update (spec §5.3).
+    replication = AllReduceGradients(grads, context, replication_factor)
+    passes.append(replication)
+    grads = lambda: replication.weight_grads  # noqa: E731
     grad_scale = grad_factor / loss_scaling if const_scaling else grad_factor
     passes.append(ApplyOptimizer(optimizer, grads, context, grad_scale))
     if accumulation is not None:

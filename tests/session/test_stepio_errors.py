@@ -221,8 +221,8 @@ def test_replication_needs_enough_ipus():
         make_session(["y"], options=options, device=ipu_model_device(3))
 
 
-def test_anchor_on_io_tiles_is_not_built_yet():
-    with pytest.raises(popart.NotImplementedOptionError, match="Anchor 'y'.*TileSet.IO"):
+def test_anchor_on_io_tiles_needs_io_tiles():
+    with pytest.raises(popart.popart_exception, match="Anchor 'y'.*TileSet.IO.*numIOTiles = 0"):
         make_session({"y": popart.AnchorReturnType("All", popart.TileSet.IO)})
 
 

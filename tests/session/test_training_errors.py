@@ -135,14 +135,6 @@ def test_anchor_of_an_outer_fragment_tensor_F75():
         session_of(mlp_model(mlp_params()), anchors=["UpdatedVar___w1"], options=options)
 
 
-def test_replicated_training_is_pending_issue_5():
-    options = popart.SessionOptions()
-    options.enableReplicatedGraphs = True
-    options.replicatedGraphCount = 2
-    with pytest.raises(popart.NotImplementedOptionError, match="issue #5"):
-        session_of(mlp_model(mlp_params()), options=options)
-
-
 def test_no_reduction_type_for_gradients_F73():
     options = popart.SessionOptions()
     options.accumulationAndReplicationReductionType = popart.ReductionType.NoReduction

@@ -1,0 +1,72 @@
+"""Gradient all-reduce across replicas (spec §5.3; F71, F73): ``ReplicatedAllReduce`` ops
+between the gradients (or their accumulators) and the optimizer.
+
+Every replica computes the gradient of its own micro-batch; before the weight update each
+weight's gradient is summed over all replicas (all global replicas with global replication),
+in replica order, so all replicas apply the same update and their weights stay equal. The
+pass runs after autodiff and gradient accumulation and before the optimizer:
+
+- without accumulation the all-reduce runs every micro-batch (``Normal`` context), on
+  ``Gradient___w``;
+- with accumulation it runs once per weight update in the accumulate outer fragment, on the
+  accumulator (or its scaled alias), after the last micro-batch of the window.
+
+Mean reduction needs nothing here: the divisions by the replica count are in
+``grad_accumulation.reduction_factors`` (Running / Post at the optimizer, PostAndLoss at the
+loss gradient), given the global replication factor.
+
+Before (rf = 2, no accumulation):
+  Gradient___w = MatMul(...)
+  UpdatedVar___w = SGDUpdate(w, Gradient___w)
+After:
+  Gradient___w = MatMul(...)
+  Gradient___w/allreduced = ReplicatedAllReduce(Gradient___w)
+  UpdatedVar___w = SGDUpdate(w, Gradient___w/allreduced)
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..ir.ir import Ir
+from ..ir.op import ExecutionContext, OpSettings
+from ..ops import collectives as _collectives  # noqa: F401 - registers ReplicatedAllReduce
+from ..ops.registry import AI_GRAPHCORE, create_op
+
+_log = logging.getLogger("popart:transform")
+ALLREDUCED_SUFFIX = "/allreduced"
+
+
+class AllReduceGradients:
+    """Pass: a ``ReplicatedAllReduce`` on every weight gradient the optimizer reads.
+
+    ``gradients`` is a callable giving ``{weight id: gradient id}`` once the passes before it
+    ran; ``context`` is where the optimizer runs (Normal, or the accumulate outer fragment).
+    After ``run``, ``weight_grads`` maps each weight to the tensor the optimizer must read.
+    With one replica in total the pass adds nothing and passes the gradients through.
+    """
+
+    name = "all_reduce_gradients"
+
+    def __init__(self, gradients, context: ExecutionContext, global_replicas: int):
+        self._gradients = gradients
+        self.context = context
+        self.global_replicas = global_replicas
+        self.weight_grads: dict[str, str] = {}
+
+    def run(self, ir: Ir) -> bool:
+        gradients = dict(self._gradients())
+        if self.global_replicas <= 1:
+            self.weight_grads = gradients
+            return False
+        graph = ir.main
+        for weight_id, grad_id in gradients.items():
+            out = graph.unique_id(grad_id + ALLREDUCED_SUFFIX)
+            op = create_op("ReplicatedAllReduce", {},
+                           OpSettings(name=out, execution_context=self.context),
+                           domain=AI_GRAPHCORE, where=out)
+            graph.add_op(op, [grad_id], [out])
+            self.weight_grads[weight_id] = out
+        _log.debug("all_reduce_gradients: %d gradients over %d replicas (%s)", len(gradients),
+                   self.global_replicas, self.context.name)
+        return bool(gradients)

@@ -1,0 +1,271 @@
+"""Tensor locations (spec §10.1-§10.2, F105-F108): where each tensor of a scheduled graph lives.
+
+``resolve_tensor_locations`` is a pure function the device analysis calls once the schedule is
+fixed. It does not change the graph: the simulator computes the same values wherever a tensor
+is stored; the memory model (device/memory.py) takes off-chip tensors out of SRAM and the cycle
+model (device/cost.py) charges their RemoteLoad / RemoteStore transfers.
+
+Per tensor (§10.2):
+
+1. Classify by ``TensorRole``: weights (and running statistics, which PopART holds as plain
+   variables), optimizer state, accumulators; op outputs and pipeline stashes are activations.
+   Optimizer hyper-parameters, counters, constants and host streams stay on chip.
+2. Location = ``tensorLocationSettingsOverride[id]``, else the builder's
+   ``outputTensorLocation`` on the producing node (ignored with a warning when the producer is
+   annotated ``RecomputeType.Recompute``: a recomputed tensor is not stored anywhere), else the
+   setting of the tensor's type.
+3. OffChip with fewer than ``minElementsForOffChip`` elements (of the type's settings) => OnChip.
+4. Activations are never sharded; sharding variables (RTS) is not built yet (issue #6 after
+   replicated training, issue #5) and raises NotImplementedOptionError.
+5. An off-chip activation whose readers all run right after its producer has no window to be
+   moved off chip: it stays OnChip. A device without streaming memory keeps everything OnChip.
+
+Every decision is logged at debug on ``popart:transform``.
+
+Example (optimizerStateTensorLocationSettings = OffChip, Adam on w f32[64,64]):
+    w                 weight           OnChip   settings
+    Accl1___w         optimizer state  OffChip  settings
+    Accl2___w         optimizer state  OffChip  settings
+    learningRate___   -                OnChip   optimizer hyper-parameter
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import onnx
+
+from ..errors import NotImplementedOptionError, popart_exception
+from ..ir.graph import Graph
+from ..ir.op import Op, RecomputeType
+from ..ir.tensor import Tensor, TensorKind, TensorRole
+from ..options import (
+    CommGroup,
+    CommGroupType,
+    ReplicatedTensorSharding,
+    SessionOptions,
+    TensorLocation,
+    TensorLocationSettings,
+    TensorStorage,
+)
+from ..tensorinfo import TileSet
+
+__all__ = [
+    "OUTPUT_LOCATION_ATTR",
+    "ResolvedLocation",
+    "TensorType",
+    "output_locations_from_model",
+    "resolve_tensor_locations",
+]
+
+_log = logging.getLogger("popart:transform")
+
+# The node attribute builder.outputTensorLocation writes (spec §3.6).
+OUTPUT_LOCATION_ATTR = "__output_tensor_location"
+
+
+class TensorType(enum.Enum):
+    """The tensor types with their own TensorLocationSettings."""
+
+    Activation = "activation"
+    Weight = "weight"
+    OptimizerState = "optimizer state"
+    Accumulator = "accumulator"
+
+
+_SETTINGS_FIELD = {
+    TensorType.Activation: "activationTensorLocationSettings",
+    TensorType.Weight: "weightTensorLocationSettings",
+    TensorType.OptimizerState: "optimizerStateTensorLocationSettings",
+    TensorType.Accumulator: "accumulatorTensorLocationSettings",
+}
+_ROLE_TYPE = {
+    TensorRole.WEIGHT: TensorType.Weight,
+    TensorRole.RUNNING_STAT: TensorType.Weight,
+    TensorRole.OPTIMIZER_STATE: TensorType.OptimizerState,
+    TensorRole.ACCUMULATOR: TensorType.Accumulator,
+    TensorRole.STASH: TensorType.Activation,
+}
+_FIXED_ON_CHIP = {
+    TensorRole.OPTIMIZER_PARAM: "optimizer hyper-parameter",
+    TensorRole.STEP: "counter",
+}
+
+
+_NO_STREAMING = "; OnChip as the device has no streaming memory"
+
+
+@dataclass(frozen=True)
+class ResolvedLocation:
+    """Where one tensor lives and why."""
+
+    tensor_id: str
+    tensor_type: TensorType | None  # None: a tensor no location setting applies to
+    location: TensorLocation
+    reason: str
+    alias_of: str | None = None  # the tensor whose storage an in-place output shares
+
+    @property
+    def off_chip(self) -> bool:
+        return self.location.storage is TensorStorage.OffChip
+
+    @property
+    def on_io_tiles(self) -> bool:
+        """Off-chip tensor whose on-chip buffer is loaded to and kept on the IO tiles."""
+        return (self.off_chip and self.location.loadTileSet is TileSet.IO
+                and self.location.storageTileSet is TileSet.IO)
+
+
+def output_locations_from_model(model: onnx.ModelProto) -> dict[str, TensorLocation]:
+    """Output tensor id -> the ``outputTensorLocation`` of its node in the main graph."""
+    result = {}
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if attr.name == OUTPUT_LOCATION_ATTR:
+                location = _decode(list(attr.ints), node.name or node.op_type)
+                for output in node.output:
+                    if output:
+                        result[output] = location
+    return result
+
+
+def _decode(values: list[int], where: str) -> TensorLocation:
+    """``[storage, loadTileSet, storageTileSet, rts, commGroupType, groupSize]`` (spec §3.6)."""
+    if len(values) not in (4, 6):
+        raise popart_exception(
+            f"Node '{where}': attribute {OUTPUT_LOCATION_ATTR} = {values} must hold 4 or 6 "
+            f"integers (storage, loadTileSet, storageTileSet, replicatedTensorSharding[, "
+            f"commGroupType, replicaGroupSize]); write it with builder.outputTensorLocation."
+        )
+    try:
+        domain = (CommGroup(CommGroupType(values[4]), values[5]) if len(values) == 6
+                  else CommGroup())
+        return TensorLocation(TensorStorage(values[0]), TileSet(values[1]), TileSet(values[2]),
+                              ReplicatedTensorSharding(values[3]), domain)
+    except ValueError as error:
+        raise popart_exception(
+            f"Node '{where}': attribute {OUTPUT_LOCATION_ATTR} = {values} is not a valid "
+            f"TensorLocation ({error})."
+        ) from None
+
+
+def classify(tensor: Tensor) -> tuple[TensorType | None, str]:
+    """The tensor's type, or None with the reason it always stays on chip."""
+    if tensor.kind is TensorKind.VARIABLE:
+        if tensor.role in _FIXED_ON_CHIP:
+            return None, _FIXED_ON_CHIP[tensor.role]
+        if tensor.role not in _ROLE_TYPE:
+            raise popart_exception(
+                f"Variable '{tensor.id}' has TensorRole {tensor.role}, which has no tensor "
+                f"location type; the pass that created it must set a role (docs/training.md)."
+            )
+        return _ROLE_TYPE[tensor.role], ""
+    if tensor.kind is TensorKind.CONST:
+        return None, "constant"
+    if tensor.kind is TensorKind.STREAM:
+        return None, "host input stream"
+    producer = tensor.producer
+    if producer is not None and producer.inputs and all(
+            t is not None and t.kind is TensorKind.CONST for t in producer.inputs):
+        return None, "copy of a constant"
+    return TensorType.Activation, ""
+
+
+def resolve_tensor_locations(graph: Graph, order: Sequence[Op], options: SessionOptions,
+                             output_locations: Mapping[str, TensorLocation] | None = None,
+                             has_streaming_memory: bool = True,
+                             aliases: Mapping[str, str] | None = None
+                             ) -> dict[str, ResolvedLocation]:
+    """The location of every tensor of ``graph`` scheduled in ``order`` (module docstring).
+
+    ``output_locations``: the builder's ``outputTensorLocation`` per tensor id
+    (``output_locations_from_model``). ``aliases``: in-place outputs -> the tensor whose
+    storage they share, which decides their location. Raises NotImplementedOptionError for a
+    location that would shard a variable across replicas.
+    """
+    aliases = aliases or {}
+    output_locations = output_locations or {}
+    overrides = options.tensorLocationSettingsOverride
+    position = {op.id: i for i, op in enumerate(order)}
+    result: dict[str, ResolvedLocation] = {}
+    for tensor in graph.tensors.values():
+        if tensor.id in aliases:
+            continue
+        kind, fixed_reason = classify(tensor)
+        if kind is None:
+            resolved = ResolvedLocation(tensor.id, None, TensorLocation(),
+                                        f"OnChip: {fixed_reason}")
+        else:
+            resolved = _resolve(tensor, kind, options, overrides, output_locations, position,
+                                has_streaming_memory)
+        result[tensor.id] = resolved
+    for tid, root in aliases.items():
+        if root in result and tid in graph.tensors:
+            r = result[root]
+            result[tid] = ResolvedLocation(tid, r.tensor_type, r.location,
+                                           f"{r.location.storage.name}: shares the storage of "
+                                           f"'{root}' (written in place)", root)
+    if not has_streaming_memory and any(r.reason.endswith(_NO_STREAMING) for r in result.values()):
+        _log.warning("The device has no streaming memory: tensors set OffChip stay on chip.")
+    if _log.isEnabledFor(logging.DEBUG):
+        for r in result.values():
+            if r.tensor_type is not None or r.off_chip:
+                _log.debug("tensor_locations: '%s' (%s): %s", r.tensor_id,
+                           r.tensor_type.value if r.tensor_type else "-", r.reason)
+    return result
+
+
+def _resolve(tensor: Tensor, kind: TensorType, options: SessionOptions,
+             overrides: Mapping[str, TensorLocation],
+             output_locations: Mapping[str, TensorLocation], position: dict[int, int],
+             has_streaming_memory: bool) -> ResolvedLocation:
+    settings: TensorLocationSettings = getattr(options, _SETTINGS_FIELD[kind])
+    producer = tensor.producer
+    if tensor.id in overrides:
+        location, source = overrides[tensor.id], "tensorLocationSettingsOverride"
+    elif tensor.id in output_locations and producer is not None and (
+            producer.settings.recompute is RecomputeType.Recompute):
+        _log.warning(
+            "Ignoring the outputTensorLocation of tensor '%s': its producer %s is set to "
+            "recompute, so the tensor is not stored.", tensor.id, producer.debug_name)
+        location, source = settings.location, f"{_SETTINGS_FIELD[kind]} (attribute ignored)"
+    elif tensor.id in output_locations:
+        location, source = output_locations[tensor.id], "builder outputTensorLocation"
+    else:
+        location, source = settings.location, _SETTINGS_FIELD[kind]
+
+    storage = location.storage
+    reason = f"{storage.name} from {source}"
+    nelms = tensor.info.nelms
+    if storage is TensorStorage.OffChip and nelms < settings.minElementsForOffChip:
+        storage = TensorStorage.OnChip
+        reason += (f"; OnChip as it has {nelms} element(s) < minElementsForOffChip = "
+                   f"{settings.minElementsForOffChip}")
+    if storage is TensorStorage.OffChip and not has_streaming_memory:
+        storage = TensorStorage.OnChip
+        reason += _NO_STREAMING
+    if storage is TensorStorage.OffChip and kind is TensorType.Activation and (
+            producer is not None):
+        uses = sorted(position[op.id] for op in (producer, *tensor.consumers)
+                      if op.id in position)
+        if all(b - a <= 1 for a, b in zip(uses, uses[1:])):
+            storage = TensorStorage.OnChip
+            reason += "; OnChip as its readers run right after its producer (no window)"
+
+    rts = location.replicatedTensorSharding
+    if rts is ReplicatedTensorSharding.On:
+        if kind is TensorType.Activation:
+            rts = ReplicatedTensorSharding.Off
+            reason += "; activations are never sharded"
+        else:
+            raise NotImplementedOptionError(
+                f"Tensor '{tensor.id}' ({kind.value}) asks for replicated tensor sharding "
+                f"({source}); RTS is not built yet (issue #6, after replicated training in "
+                f"issue #5). Use ReplicatedTensorSharding.Off to run now."
+            )
+    resolved = TensorLocation(storage, location.loadTileSet, location.storageTileSet, rts,
+                              location.shardingDomain)
+    return ResolvedLocation(tensor.id, kind, resolved, reason)
