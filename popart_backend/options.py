@@ -827,7 +827,7 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     ),
     "batchSerializationSettings": pending(6, "batch serialisation"),
     "autodiffSettings": ByMode(no_effect("inference runs no autodiff"), _TRAINING),
-    # Off-chip storage is built; the RTS parts of a TensorLocation are not (_PENDING_PARTS).
+    # Off-chip storage and replicated tensor sharding (transforms/rts.py) are built.
     "activationTensorLocationSettings": BUILT,
     "weightTensorLocationSettings": BUILT,
     "optimizerStateTensorLocationSettings": BUILT,
@@ -917,13 +917,50 @@ def _differences(path: str, value: Any, default: Any) -> list[str]:
     return [f"{path} = {_fmt(value)} (default {_fmt(default)})"]
 
 
-# Parts of a built option struct that are still pending: replicated tensor sharding needs
-# replicated training (issue #5) and is built on top of it by issue #6.
-_PENDING_PARTS = {
-    "replicatedTensorSharding": pending(
-        6, "replicated tensor sharding (needs replicated training, issue #5)"),
-    "shardingDomain": pending(6, "RTS sharding domains (needs replicated training, issue #5)"),
-}
+# Parts of a built option struct that are still pending (none: replicated tensor sharding and
+# its sharding domains are built by transforms/rts.py).
+_PENDING_PARTS: dict[str, OptionStatus] = {}
+
+
+def check_sharding_domain(domain: CommGroup, where: str, local_replicas: int,
+                          global_replicas: int) -> int:
+    """The number of replicas a tensor sharded over ``domain`` is split across (spec §10.4).
+
+    ``where`` names the tensor and the setting it came from. Raises popart_exception for a
+    domain RTS cannot use: Orthogonal or Ungrouped, a Consecutive size that does not divide
+    the replicas, All over more than one instance (each host needs the whole tensor), or a
+    Consecutive size other than the local replicas with more than one instance.
+    """
+    instances = global_replicas // local_replicas if local_replicas else 1
+    kind = domain.type
+    if kind is CommGroupType.All:
+        if instances > 1:
+            raise popart_exception(
+                f"{where}: replicated tensor sharding over CommGroup(All) is not supported with "
+                f"{instances} instances ({global_replicas} replicas in total, {local_replicas} "
+                f"per instance): each host needs the whole tensor. Use "
+                f"CommGroup(CommGroupType.Consecutive, {local_replicas}) as the shardingDomain."
+            )
+        return global_replicas
+    if kind is not CommGroupType.Consecutive:
+        raise popart_exception(
+            f"{where}: replicated tensor sharding supports the sharding domains "
+            f"CommGroupType.All and CommGroupType.Consecutive, not {kind.name}."
+        )
+    size = domain.replicaGroupSize
+    if size < 1 or global_replicas % size:
+        raise popart_exception(
+            f"{where}: shardingDomain CommGroup(Consecutive, replicaGroupSize={size}) must split "
+            f"the {global_replicas} replicas into equal groups; use a group size >= 1 that "
+            f"divides {global_replicas}."
+        )
+    if instances > 1 and size != local_replicas:
+        raise popart_exception(
+            f"{where}: with {instances} instances the shardingDomain CommGroup(Consecutive, "
+            f"replicaGroupSize={size}) must have the size of the local replicas, "
+            f"{local_replicas} (shards are gathered inside one instance)."
+        )
+    return size
 
 
 def check_buildable(options: SessionOptions, training: bool) -> None:

@@ -115,7 +115,8 @@ def analyse(ir: Ir, order: Sequence[Op], device_info, options=None,
     if options is not None:
         outputs = output_locations_from_model(model) if model is not None else {}
         locations = resolve_tensor_locations(ir.main, order, options, outputs,
-                                             spec.streaming_memory_bytes > 0, storage_roots(order))
+                                             spec.streaming_memory_bytes > 0, storage_roots(order),
+                                             sharded=ir.sharded_variables)
     # Storage roots only: an in-place output follows the tensor it writes.
     off_chip = {tid for tid, r in locations.items() if r.off_chip and r.alias_of is None}
     on_io = {tid for tid in off_chip if locations[tid].on_io_tiles}

@@ -69,8 +69,13 @@ class SimulatedDevice:
                 f"SimulatedDevice: the program has {rf} local replicas, its ReplicaComm "
                 f"{self.comm.local}."
             )
-        # Each local replica holds its own variables (DESIGN decision 6).
+        # Each local replica holds its own variables (DESIGN decision 6); a sharded variable
+        # (replicated tensor sharding, transforms/rts.py) only its replica's shard.
         self.plan.add_replicas(rf)
+        self._sharded = program.graph.ir.sharded_variables if program.graph.ir else {}
+        with torch.no_grad():
+            for tensor_id, sharding in self._sharded.items():
+                self._write_shards(tensor_id, sharding, self.plan.get_value(tensor_id))
         self._input_slots = [self.plan.slot[i.id] for i in program.inputs]
         # Ops that need facts about the device running them (custom ops: replica count).
         for op in program.schedule:
@@ -132,19 +137,42 @@ class SimulatedDevice:
 
     def write_weights(self, values: dict[str, np.ndarray]) -> None:
         """Host -> device for the given weights (shapes and dtypes already checked), on every
-        local replica."""
+        local replica; a sharded variable is split and each replica gets its shard."""
         slots = self.plan.slot
         with torch.no_grad():
             for tensor_id, array in values.items():
                 value = to_torch(array)
+                sharding = self._sharded.get(tensor_id)
+                if sharding is not None:
+                    self._write_shards(tensor_id, sharding, value)
+                    continue
                 for replica in self.plan.replica_values:
                     replica[slots[tensor_id]].copy_(value)
 
+    def _write_shards(self, tensor_id: str, sharding, full: torch.Tensor) -> None:
+        """Each local replica's slot gets its own shard of ``full`` (spec §10.3)."""
+        shards = sharding.layout.split(full)
+        slot = self.plan.slot[tensor_id]
+        for r, replica in enumerate(self.plan.replica_values):
+            replica[slot] = shards[sharding.shard_index(self.comm.offset + r)].clone()
+
     def read_weights(self, ids, replica: int = 0) -> dict[str, np.ndarray]:
         """Device -> host copies of the given weights of local ``replica`` (the replicas of a
-        training session hold equal weights, as their gradients are all-reduced)."""
+        training session hold equal weights, as their gradients are all-reduced). A sharded
+        variable is joined from the shards of the replica's group, pads dropped."""
         values, slots = self.plan.replica_values[replica], self.plan.slot
-        return {tensor_id: values[slots[tensor_id]].numpy().copy() for tensor_id in ids}
+        out = {}
+        for tensor_id in ids:
+            sharding = self._sharded.get(tensor_id)
+            if sharding is None:
+                out[tensor_id] = values[slots[tensor_id]].numpy().copy()
+                continue
+            # rts.py keeps shard groups inside one instance (spec §10.4), so all are local.
+            group = sharding.group_of(self.comm.offset + replica)
+            shards = [self.plan.replica_values[r - self.comm.offset][slots[tensor_id]]
+                      for r in group]
+            out[tensor_id] = sharding.layout.join(shards, sharding.full_info.shape).numpy()
+        return out
 
     def set_seed(self, seed: int) -> None:
         """Seed synthetic data and seeded ops; restarts the micro-batch counter."""

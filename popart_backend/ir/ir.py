@@ -18,6 +18,10 @@ class Ir:
         self.anchors: list[str] = []
         # Training issue: id of the final loss tensor, if any.
         self.loss_id: str | None = None
+        # Variables stored as per-replica shards (replicated tensor sharding, filled by
+        # transforms/rts.py): id -> transforms.rts.Sharding. Their info is one shard; their
+        # data stays the full host value (the host view of a sharded tensor is unsharded).
+        self.sharded_variables: dict = {}
 
     def create_graph(self, graph_id: str) -> Graph:
         graph = Graph(graph_id, self)

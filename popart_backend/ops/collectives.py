@@ -1,4 +1,5 @@
-"""Cross-replica collectives (spec §5.3, §10.3, §10.4; F71, F73, F110): ReplicatedAllReduce.
+"""Cross-replica collectives (spec §5.3, §10.3, §10.4; F71, F73, F109-F111): ReplicatedAllReduce,
+and for replicated tensor sharding (RTS) ReplicatedReduceScatter and ReplicatedAllGather.
 
 A collective reads the same tensor on every replica of its group and writes a result to each.
 A kernel sees one replica, so these ops carry ``collective = True`` and the simulated device
@@ -14,22 +15,40 @@ Replica groups (``CommGroup``, spec §10.4), for N replicas and group size k, m 
 All = one group; Consecutive = {0..k-1}, {k..2k-1}, ...; Orthogonal = {0, m, 2m, ...},
 {1, m+1, ...}, ...; Ungrouped = every replica alone. The builder's ``commGroup`` annotation
 (``OpSettings.comm_group``) picks it; none means All.
+
+Sharding (§10.3): a tensor of n elements split over a group of k replicas gives each replica
+``s = ceil(n/k)`` elements. The first ``n − k·(s−1)`` replicas hold s real elements, the others
+s − 1 real elements and one zero pad, so every shard has the same shape ``[s]`` and all replicas
+run the same code (``ShardLayout``). The reduce-scatter sums over the group, then hands member j
+of the group shard j; the all-gather concatenates the shards of the group, drops the pads and
+restores the full shape.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Sequence
 
 import torch
 
 from ..errors import popart_exception
+from ..errors import ShapeError
 from ..ir.op import Op
+from ..ir.tensor import TensorInfo
 from ..options import CommGroupType
 from .registry import AI_GRAPHCORE, register_op
 
 GC = AI_GRAPHCORE
 
-__all__ = ["ReplicatedAllReduce", "replica_groups"]
+__all__ = [
+    "ReplicatedAllGather",
+    "ReplicatedAllReduce",
+    "ReplicatedReduceScatter",
+    "ShardLayout",
+    "replica_groups",
+    "shard_layout",
+]
 
 
 def replica_groups(comm_group: tuple[int, int] | None, num_replicas: int,
@@ -104,3 +123,170 @@ class ReplicatedAllReduce(Op):
     def grad(self, g):
         # Grad ops inherit the forward op's settings, its replica grouping included.
         g.set_input_grad(0, g.op("ReplicatedAllReduce", g.output_grad(0), domain=GC))
+
+
+# --- replicated tensor sharding -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """How n elements are spread over k equal shards of ``shard_size`` elements (§10.3).
+
+    ``counts[j]`` / ``starts[j]``: the real elements shard j holds and where they start in the
+    flat tensor. ``split_index`` (long [k·s]) picks, from the flat tensor with one zero appended,
+    the padded shards one after the other; ``join_index`` (long [n]) picks the real elements
+    back out of the k·s concatenated shards.
+    """
+
+    num_elements: int
+    num_shards: int
+    shard_size: int
+    counts: tuple[int, ...]
+    starts: tuple[int, ...]
+    split_index: torch.Tensor = field(repr=False, compare=False)
+    join_index: torch.Tensor = field(repr=False, compare=False)
+
+    def split(self, value: torch.Tensor) -> torch.Tensor:
+        """The k padded shards of ``value`` (any shape, n elements) as a [k, s] tensor."""
+        flat = value.reshape(-1)
+        padded = torch.cat([flat, flat.new_zeros(1)])
+        return padded[self.split_index].view(self.num_shards, self.shard_size)
+
+    def join(self, shards: Sequence[torch.Tensor], shape: Sequence[int]) -> torch.Tensor:
+        """The full tensor of ``shape`` from the k shards (pads dropped)."""
+        return torch.cat([s.reshape(-1) for s in shards])[self.join_index].view(tuple(shape))
+
+
+@lru_cache(maxsize=256)
+def shard_layout(num_elements: int, num_shards: int) -> ShardLayout:
+    """The §10.3 layout of ``num_elements`` over ``num_shards`` replicas (cached: ops and the
+    device share it). Example: 30 elements over 4 -> shards of 8 holding 8, 8, 7, 7 elements."""
+    n, k = num_elements, num_shards
+    if k < 1:
+        raise popart_exception(f"Sharding needs at least one shard, got {k}.")
+    size = max(1, -(-n // k))
+    full = n - k * (size - 1)  # shards holding `size` real elements; the rest hold size - 1
+    counts = tuple(size if j < full else size - 1 for j in range(k))
+    starts = tuple(sum(counts[:j]) for j in range(k))
+    split, join = [], []
+    for j in range(k):
+        real = list(range(starts[j], starts[j] + counts[j]))
+        join += [j * size + i for i in range(counts[j])]
+        split += real + [n] * (size - counts[j])  # index n is the appended zero
+    return ShardLayout(n, k, size, counts, starts, torch.tensor(split, dtype=torch.long),
+                       torch.tensor(join, dtype=torch.long))
+
+
+class _ShardingCollective(Op):
+    """Shared parts of the two sharding collectives: the group must have ``num_shards``
+    replicas, and member j of a group is shard j."""
+
+    foldable = False
+    collective = True
+
+    def groups(self, num_replicas: int) -> list[list[int]]:
+        groups = replica_groups(self.settings.comm_group, num_replicas, self.debug_name)
+        k = self.attrs.num_shards
+        if any(len(g) != k for g in groups):
+            raise popart_exception(
+                f"{self.debug_name}: the tensor is split into {k} shards, but the replica "
+                f"groups over {num_replicas} replicas have {sorted({len(g) for g in groups})} "
+                f"members; the sharding domain must have {k} replicas."
+            )
+        return groups
+
+    def _check_shards(self) -> None:
+        if self.attrs.num_shards < 1:
+            raise ShapeError(f"{self.debug_name}: num_shards must be >= 1, got "
+                             f"{self.attrs.num_shards}.")
+
+
+@register_op("ReplicatedReduceScatter", versions=1, domain=GC)
+class ReplicatedReduceScatter(_ShardingCollective):
+    """Sum over the replicas of the group, then member j keeps shard j (f[s], ShardLayout).
+
+    Its gradient is the all-gather of the shard gradients.
+    """
+
+    @dataclass(frozen=True)
+    class Attrs:
+        num_shards: int = 1
+
+    def infer(self, x):
+        self._check_shards()
+        self._layout = shard_layout(x.nelms, self.attrs.num_shards)
+        self._shape = tuple(x.shape)
+        return TensorInfo(x.dtype, (self._layout.shard_size,))
+
+    def kernel(self, x):
+        # One replica holds the only shard: the flat tensor (a shard of one has no pad).
+        return x.reshape(-1).clone()
+
+    def reduce_replicas(self, values: Sequence[torch.Tensor], first: int,
+                        count: int) -> list[torch.Tensor]:
+        """Outputs of replicas ``first .. first + count - 1``: the group sum in ascending
+        replica order, split by ``ShardLayout``."""
+        out: list[torch.Tensor | None] = [None] * count
+        for group in self.groups(len(values)):
+            if not any(first <= r < first + count for r in group):
+                continue
+            total = values[group[0]].clone()
+            for r in group[1:]:
+                total.add_(values[r])
+            shards = self._layout.split(total)
+            for j, r in enumerate(group):
+                if first <= r < first + count:
+                    out[r - first] = shards[j].clone()
+        return out
+
+    def grad(self, g):
+        g.set_input_grad(0, g.op("ReplicatedAllGather", g.output_grad(0), domain=GC,
+                                 num_shards=self.attrs.num_shards, shape=self._shape))
+
+
+@register_op("ReplicatedAllGather", versions=1, domain=GC)
+class ReplicatedAllGather(_ShardingCollective):
+    """The full tensor of ``shape`` from the shards f[s] of every member of the group, pads
+    dropped (ShardLayout); every member gets it.
+
+    Its gradient is the reduce-scatter of the output gradient.
+    """
+
+    @dataclass(frozen=True)
+    class Attrs:
+        shape: tuple[int, ...] = ()
+        num_shards: int = 1
+
+    def infer(self, x):
+        self._check_shards()
+        n = 1
+        for d in self.attrs.shape:
+            n *= d
+        self._layout = shard_layout(n, self.attrs.num_shards)
+        if tuple(x.shape) != (self._layout.shard_size,):
+            raise ShapeError(
+                f"{self.debug_name}: a tensor of shape {list(self.attrs.shape)} split over "
+                f"{self.attrs.num_shards} replicas has shards of shape "
+                f"[{self._layout.shard_size}], got {x}."
+            )
+        return x.with_shape(tuple(self.attrs.shape))
+
+    def kernel(self, x):
+        return self._layout.join([x], self.attrs.shape)
+
+    def reduce_replicas(self, values: Sequence[torch.Tensor], first: int,
+                        count: int) -> list[torch.Tensor]:
+        out: list[torch.Tensor | None] = [None] * count
+        for group in self.groups(len(values)):
+            members = [r for r in group if first <= r < first + count]
+            if not members:
+                continue
+            full = self._layout.join([values[r] for r in group], self.attrs.shape)
+            out[members[0] - first] = full
+            for r in members[1:]:
+                out[r - first] = full.clone()
+        return out
+
+    def grad(self, g):
+        g.set_input_grad(0, g.op("ReplicatedReduceScatter", g.output_grad(0), domain=GC,
+                                 num_shards=self.attrs.num_shards))

@@ -34,6 +34,8 @@ from .pipelining import AssignPipelineStages, InsertPipelineStashes
 from .random_seed import WireRandomSeed
 from .recompute import Recompute
 from .replication import AllReduceGradients
+from .rts import ShardVariables
+from .tensor_locations import replication_of
 from .training_semantics import TrainingSemantics
 from .virtual_graphs import AssignVirtualGraphs, Placement, PlaceRemainingOps
 
@@ -60,6 +62,10 @@ def inference_passes(options=None, ipus_per_replica: int = 1,
     ]
     if options is None:
         return passes
+    # Weights (when not constants) asking for replicated tensor sharding (spec §10.3).
+    local_replicas = options.replicatedGraphCount if options.enableReplicatedGraphs else 1
+    passes.insert(len(passes) - 1,
+                  ShardVariables(options, replication_of(options), local_replicas))
     placement = Placement(options.virtualGraphMode, ipus_per_replica, options.enablePipelining)
     # Placement follows the fusions, which keep the settings of the ops they replace.
     return [*passes, AssignVirtualGraphs(placement)] + multi_ipu_passes(
@@ -115,9 +121,14 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     passes.append(replication)
     grads = lambda: replication.weight_grads  # noqa: E731
     grad_scale = grad_factor / loss_scaling if const_scaling else grad_factor
-    passes.append(ApplyOptimizer(optimizer, grads, context, grad_scale))
+    apply_optimizer = ApplyOptimizer(optimizer, grads, context, grad_scale)
+    passes.append(apply_optimizer)
     if accumulation is not None:
         passes.append(ResetAccumulators(accumulation))
+    # Replicated tensor sharding rewrites the reductions and updates built above (spec §10.3).
+    local_replicas = options.replicatedGraphCount if options.enableReplicatedGraphs else 1
+    passes.append(ShardVariables(options, replication_factor, local_replicas, replication,
+                                 apply_optimizer, accumulation))
     passes.append(WireRandomSeed())
     passes.append(InplaceVariants())
     if options.enableGradientAccumulation:

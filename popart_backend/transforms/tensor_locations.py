@@ -15,8 +15,12 @@ Per tensor (§10.2):
    annotated ``RecomputeType.Recompute``: a recomputed tensor is not stored anywhere), else the
    setting of the tensor's type.
 3. OffChip with fewer than ``minElementsForOffChip`` elements (of the type's settings) => OnChip.
-4. Activations are never sharded; sharding variables (RTS) is not built yet (issue #6 after
-   replicated training, issue #5) and raises NotImplementedOptionError.
+4. Replicated tensor sharding (§10.2 step 4, §10.3): activations are never sharded; a
+   variable with fewer than ``minElementsForReplicatedTensorSharding`` elements, or in a
+   session without replication, is not sharded (the latter with the warning "Unable to shard
+   tensor ... due to lack of replication"). The pass ``transforms/rts.py`` shards the remaining
+   candidates that can be sharded and records them in ``Ir.sharded_variables``; given that
+   record (``sharded=``), the resolution reports exactly the tensors the pass sharded as On.
 5. An off-chip activation whose readers all run right after its producer has no window to be
    moved off chip: it stays OnChip. A device without streaming memory keeps everything OnChip.
 
@@ -38,7 +42,7 @@ from typing import Mapping, Sequence
 
 import onnx
 
-from ..errors import NotImplementedOptionError, popart_exception
+from ..errors import popart_exception
 from ..ir.graph import Graph
 from ..ir.op import Op, RecomputeType
 from ..ir.tensor import Tensor, TensorKind, TensorRole
@@ -177,14 +181,16 @@ def classify(tensor: Tensor) -> tuple[TensorType | None, str]:
 def resolve_tensor_locations(graph: Graph, order: Sequence[Op], options: SessionOptions,
                              output_locations: Mapping[str, TensorLocation] | None = None,
                              has_streaming_memory: bool = True,
-                             aliases: Mapping[str, str] | None = None
+                             aliases: Mapping[str, str] | None = None,
+                             sharded: Mapping[str, object] | None = None,
                              ) -> dict[str, ResolvedLocation]:
     """The location of every tensor of ``graph`` scheduled in ``order`` (module docstring).
 
     ``output_locations``: the builder's ``outputTensorLocation`` per tensor id
     (``output_locations_from_model``). ``aliases``: in-place outputs -> the tensor whose
-    storage they share, which decides their location. Raises NotImplementedOptionError for a
-    location that would shard a variable across replicas.
+    storage they share, which decides their location. ``sharded``: the variables the RTS
+    pass sharded (``Ir.sharded_variables``, id -> ``transforms.rts.Sharding``); None resolves
+    the sharding candidates before that pass ran (and logs the lack-of-replication warning).
     """
     aliases = aliases or {}
     output_locations = output_locations or {}
@@ -200,7 +206,7 @@ def resolve_tensor_locations(graph: Graph, order: Sequence[Op], options: Session
                                         f"OnChip: {fixed_reason}")
         else:
             resolved = _resolve(tensor, kind, options, overrides, output_locations, position,
-                                has_streaming_memory)
+                                has_streaming_memory, sharded)
         result[tensor.id] = resolved
     for tid, root in aliases.items():
         if root in result and tid in graph.tensors:
@@ -221,7 +227,8 @@ def resolve_tensor_locations(graph: Graph, order: Sequence[Op], options: Session
 def _resolve(tensor: Tensor, kind: TensorType, options: SessionOptions,
              overrides: Mapping[str, TensorLocation],
              output_locations: Mapping[str, TensorLocation], position: dict[int, int],
-             has_streaming_memory: bool) -> ResolvedLocation:
+             has_streaming_memory: bool,
+             sharded: Mapping[str, object] | None = None) -> ResolvedLocation:
     settings: TensorLocationSettings = getattr(options, _SETTINGS_FIELD[kind])
     producer = tensor.producer
     if tensor.id in overrides:
@@ -239,7 +246,9 @@ def _resolve(tensor: Tensor, kind: TensorType, options: SessionOptions,
 
     storage = location.storage
     reason = f"{storage.name} from {source}"
-    nelms = tensor.info.nelms
+    # A sharded variable's info is its shard; the thresholds apply to the whole tensor.
+    sharding = sharded.get(tensor.id) if sharded is not None else None
+    nelms = sharding.full_info.nelms if sharding is not None else tensor.info.nelms
     if storage is TensorStorage.OffChip and nelms < settings.minElementsForOffChip:
         storage = TensorStorage.OnChip
         reason += (f"; OnChip as it has {nelms} element(s) < minElementsForOffChip = "
@@ -255,17 +264,47 @@ def _resolve(tensor: Tensor, kind: TensorType, options: SessionOptions,
             storage = TensorStorage.OnChip
             reason += "; OnChip as its readers run right after its producer (no window)"
 
-    rts = location.replicatedTensorSharding
-    if rts is ReplicatedTensorSharding.On:
-        if kind is TensorType.Activation:
+    rts, why = rts_candidate(tensor, kind, location, settings, options, nelms,
+                             warn=sharded is None)
+    domain = location.shardingDomain
+    if why:
+        reason += f"; {why}"
+    if sharded is not None and tensor.kind is TensorKind.VARIABLE:
+        if sharding is not None:
+            rts, domain = ReplicatedTensorSharding.On, sharding.domain
+            reason += f"; sharded: {sharding.describe()}"
+        elif rts is ReplicatedTensorSharding.On:
             rts = ReplicatedTensorSharding.Off
-            reason += "; activations are never sharded"
-        else:
-            raise NotImplementedOptionError(
-                f"Tensor '{tensor.id}' ({kind.value}) asks for replicated tensor sharding "
-                f"({source}); RTS is not built yet (issue #6, after replicated training in "
-                f"issue #5). Use ReplicatedTensorSharding.Off to run now."
-            )
-    resolved = TensorLocation(storage, location.loadTileSet, location.storageTileSet, rts,
-                              location.shardingDomain)
+            reason += "; not sharded (transforms/rts.py logs why)"
+    resolved = TensorLocation(storage, location.loadTileSet, location.storageTileSet, rts, domain)
     return ResolvedLocation(tensor.id, kind, resolved, reason)
+
+
+def replication_of(options: SessionOptions) -> int:
+    """All replicas of all instances (1 without replication): the replicas a shard group
+    can span."""
+    local = options.replicatedGraphCount if options.enableReplicatedGraphs else 1
+    if options.enableDistributedReplicatedGraphs:
+        return max(local, options.globalReplicationFactor)
+    return local
+
+
+def rts_candidate(tensor: Tensor, kind: TensorType, location: TensorLocation,
+                  settings: TensorLocationSettings, options: SessionOptions, nelms: int,
+                  warn: bool = True) -> tuple[ReplicatedTensorSharding, str]:
+    """§10.2 step 4: whether the location asks to shard ``tensor`` and may (On), with the
+    reason when it may not ("" when RTS is simply Off)."""
+    if location.replicatedTensorSharding is not ReplicatedTensorSharding.On:
+        return ReplicatedTensorSharding.Off, ""
+    off = ReplicatedTensorSharding.Off
+    if kind is TensorType.Activation:
+        return off, "activations are never sharded"
+    if nelms < settings.minElementsForReplicatedTensorSharding:
+        return off, (f"RTS Off as it has {nelms} element(s) < "
+                     f"minElementsForReplicatedTensorSharding = "
+                     f"{settings.minElementsForReplicatedTensorSharding}")
+    if replication_of(options) <= 1:
+        if warn:
+            _log.warning("Unable to shard tensor %s due to lack of replication", tensor.id)
+        return off, "RTS Off: unable to shard the tensor due to lack of replication"
+    return ReplicatedTensorSharding.On, ""

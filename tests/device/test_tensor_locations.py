@@ -213,13 +213,16 @@ def test_F108_activation_without_a_window_stays_on_chip():
     assert not resolved[mm].off_chip and "no window" in resolved[mm].reason
 
 
-def test_F108_rts_of_variables_is_pending_and_activations_are_never_sharded():
+def test_F108_rts_without_replication_is_off_and_activations_are_never_sharded(caplog):
+    # Replicated tensor sharding itself is tested in tests/transforms/test_rts.py.
     opts = SessionOptions()
     opts.tensorLocationSettingsOverride["w1"] = TensorLocation(OFF, ReplicatedTensorSharding.On)
+    opts.weightTensorLocationSettings.minElementsForReplicatedTensorSharding = 1
     ir = _adam_ir()
-    with pytest.raises(NotImplementedOptionError, match="'w1' \\(weight\\).*replicated tensor "
-                                                        "sharding.*issue #5"):
-        _resolve(ir, opts)
+    with caplog.at_level(logging.WARNING, logger="popart:transform"):
+        resolved = _resolve(ir, opts)
+    assert resolved["w1"].location.replicatedTensorSharding is ReplicatedTensorSharding.Off
+    assert "Unable to shard tensor w1 due to lack of replication" in caplog.text
     opts = SessionOptions()
     opts.tensorLocationSettingsOverride["h"] = TensorLocation(ON, ReplicatedTensorSharding.On)
     resolved = _resolve(ir, opts)
@@ -227,16 +230,14 @@ def test_F108_rts_of_variables_is_pending_and_activations_are_never_sharded():
     assert "never sharded" in resolved["h"].reason
 
 
-def test_F105_rts_settings_are_rejected_as_pending_by_check_buildable():
+def test_F105_rts_settings_are_buildable():
     opts = SessionOptions()
     opts.optimizerStateTensorLocationSettings.location.replicatedTensorSharding = (
         ReplicatedTensorSharding.On)
-    with pytest.raises(NotImplementedOptionError, match="replicatedTensorSharding.*issue #6"):
-        check_buildable(opts, training=True)
+    check_buildable(opts, training=True)
     opts = SessionOptions()
     opts.tensorLocationSettingsOverride["w"] = TensorLocation(OFF, ReplicatedTensorSharding.On)
-    with pytest.raises(NotImplementedOptionError, match=r"Override\['w'\]"):
-        check_buildable(opts, training=True)
+    check_buildable(opts, training=True)
     opts = SessionOptions()
     opts.optimizerStateTensorLocationSettings = TensorLocationSettings(OFF, 4)
     opts.tensorLocationSettingsOverride["w"] = TensorLocation(OFF)

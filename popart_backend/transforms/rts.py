@@ -1,0 +1,381 @@
+"""Replicated tensor sharding (spec §10.2 step 4, §10.3, §10.4; F109-F111): variables stored as
+per-replica shards, gradients reduce-scattered, the optimizer run on shards.
+
+A variable whose resolved location has ``replicatedTensorSharding`` On (``tensor_locations``:
+never activations, never below ``minElementsForReplicatedTensorSharding``, never without
+replication) is split over the k replicas of its sharding domain (CommGroup All: every replica;
+Consecutive(k): replicas {0..k-1}, {k..2k-1}, ...). Each replica stores one shard f[ceil(n/k)]
+(``ops.collectives.ShardLayout``: the last shards carry one zero pad). In the IR the variable
+keeps its id, its info becomes the shard, its ``data`` stays the full host value and
+``Ir.sharded_variables`` records the ``Sharding``; the device splits host values into shards
+(weightsFromHost) and joins them back (weightsToHost, readWeights).
+
+Per trained weight w, its optimizer state shares its sharding: the tensors of one optimizer
+instance share a domain (§10.4), so the update runs on shards when w or any of its optimizer
+state is sharded, and then all of them are. Then:
+
+- the gradient all-reduce becomes ``ReplicatedReduceScatter`` over the domain (followed by a
+  ``ReplicatedAllReduce`` over the other groups when the domain is smaller than the replicas),
+  so each replica gets the summed gradient of its own shard;
+- the update op (SGD, Adam, Adaptive: element-wise) runs on the shards of w and its state;
+- the forward and backward ops read ``w/gathered = ReplicatedAllGather(w)``, the full weight.
+
+An accumulator ``Accum___w`` is sharded on its own: the gradient is reduce-scattered every
+micro-batch and accumulated into the shard; the outer fragment reads the shard (sharded update)
+or all-gathers it (unsharded update). Untrained weights are sharded and all-gathered before use.
+Running statistics differ between replicas and are never sharded.
+
+Not supported with a sharded update (popart_exception): Lamb (per-weight norms), clipping by
+global norm, anchors on a sharded tensor (read it with weightsToHost / readWeights).
+
+Before (rf = 2, no accumulation, w f32[5,6] sharded over All):
+  Gradient___w/allreduced = ReplicatedAllReduce(Gradient___w)
+  y = MatMul(x, w)
+  UpdatedVar___w = SGDUpdate(w, Gradient___w/allreduced, Accl___w)      # f32[5,6]
+After:
+  w/gathered = ReplicatedAllGather(w)                                  # f32[15] -> f32[5,6]
+  y = MatMul(x, w/gathered)
+  Gradient___w/scattered = ReplicatedReduceScatter(Gradient___w)       # f32[15]
+  UpdatedVar___w = SGDUpdate(w, Gradient___w/scattered, Accl___w)      # f32[15]
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from ..errors import popart_exception
+from ..ir.graph import Graph
+from ..ir.ir import Ir
+from ..ir.op import ExecutionContext, Op, OpSettings
+from ..ir.tensor import TensorInfo, TensorKind, TensorRole
+from ..ops.collectives import ShardLayout, shard_layout
+from ..ops.registry import AI_GRAPHCORE, create_op
+from ..options import CommGroup, CommGroupType, ReplicatedTensorSharding, check_sharding_domain
+from .tensor_locations import resolve_tensor_locations
+
+__all__ = ["ShardVariables", "Sharding"]
+
+_log = logging.getLogger("popart:transform")
+GATHERED_SUFFIX = "/gathered"
+SCATTERED_SUFFIX = "/scattered"
+_NOT_ELEMENTWISE = ("Lamb", "LambNoBias")
+_SETTINGS_FIELDS = ("weightTensorLocationSettings", "optimizerStateTensorLocationSettings",
+                    "accumulatorTensorLocationSettings", "activationTensorLocationSettings")
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How one variable is split: ``num_shards`` replicas of each group of ``domain`` over
+    ``num_replicas`` (global) replicas each hold one shard of ``full_info``."""
+
+    full_info: TensorInfo
+    domain: CommGroup
+    num_shards: int
+    num_replicas: int
+
+    @property
+    def layout(self) -> ShardLayout:
+        return shard_layout(self.full_info.nelms, self.num_shards)
+
+    @property
+    def shard_info(self) -> TensorInfo:
+        return TensorInfo(self.full_info.dtype, (self.layout.shard_size,))
+
+    @property
+    def comm_group(self) -> tuple[int, int]:
+        """The ``OpSettings.comm_group`` of the collectives within a shard group."""
+        return (CommGroupType.Consecutive.value, self.num_shards)
+
+    def shard_index(self, replica: int) -> int:
+        """The shard global ``replica`` holds (its position in its consecutive group)."""
+        return replica % self.num_shards
+
+    def group_of(self, replica: int) -> range:
+        start = replica - self.shard_index(replica)
+        return range(start, start + self.num_shards)
+
+    def describe(self) -> str:
+        layout = self.layout
+        return (f"{self.num_shards} shards of {layout.shard_size} element(s) "
+                f"(real {list(layout.counts)}) over CommGroup({self.domain.type.name}, "
+                f"{self.domain.replicaGroupSize}), full {self.full_info}")
+
+
+class ShardVariables:
+    """Pass: shard the variables whose location asks for RTS (module docstring).
+
+    Runs after the optimizer and the accumulator reset. ``replication`` is the
+    ``AllReduceGradients`` pass (its ``weight_grads`` name the tensors the updates read),
+    ``optimizer`` the ``ApplyOptimizer`` pass (``tensors``: state and updated ids),
+    ``accumulation`` the ``AccumulateGradients`` pass or None. Inference sessions pass None
+    for all three: only the storage of weights is sharded.
+    """
+
+    name = "shard_variables"
+
+    def __init__(self, options, global_replicas: int, local_replicas: int,
+                 replication=None, optimizer=None, accumulation=None):
+        self.options = options
+        self.global_replicas = global_replicas
+        self.local_replicas = local_replicas
+        self._replication = replication
+        self._optimizer = optimizer
+        self._accumulation = accumulation
+
+    # --- deciding -------------------------------------------------------------------------
+
+    def run(self, ir: Ir) -> bool:
+        if not self._requested():
+            return False
+        graph = ir.main
+        resolved = resolve_tensor_locations(graph, graph.topo_order(), self.options)
+        wanted = {tid: r.location.shardingDomain for tid, r in resolved.items()
+                  if r.location.replicatedTensorSharding is ReplicatedTensorSharding.On
+                  and graph.tensors[tid].kind is TensorKind.VARIABLE}
+        if not wanted:
+            return False
+        plan: dict[str, Sharding] = {}
+        tensors = self._optimizer.tensors if self._optimizer is not None else None
+        trained = dict(self._replication.weight_grads) if self._replication is not None else {}
+        accumulators = self._accumulation.accumulators if self._accumulation is not None else {}
+        sharded_updates: list[str] = []
+        for weight_id in trained:
+            state = [t for t in tensors.state.get(weight_id, ())
+                     if graph.tensors[t].role is TensorRole.OPTIMIZER_STATE]
+            members = [weight_id, *state]
+            asked = [t for t in members if t in wanted]
+            if asked:
+                sharding = self._sharding(graph, asked, wanted, "its optimizer instance")
+                for t in members:
+                    plan[t] = self._with_info(sharding, graph, t)
+                sharded_updates.append(weight_id)
+                if len(asked) < len(members):
+                    _log.info("shard_variables: %s sharded with %s (one optimizer instance "
+                              "shares its sharding)", sorted(set(members) - set(asked)), asked)
+            accum = accumulators.get(weight_id)
+            if accum is not None and accum in wanted:
+                sharding = self._sharding(graph, [accum], wanted, "the accumulator")
+                if weight_id in plan and plan[weight_id].domain != sharding.domain:
+                    raise popart_exception(
+                        f"Accumulator '{accum}' is sharded over {_domain(sharding.domain)} but "
+                        f"weight '{weight_id}' and its optimizer state over "
+                        f"{_domain(plan[weight_id].domain)}; the tensors of one optimizer "
+                        f"instance must share a sharding domain (spec §10.4)."
+                    )
+                plan[accum] = sharding
+        for tid in wanted:
+            if tid in plan or tid in accumulators.values():
+                continue
+            tensor = graph.tensors[tid]
+            if tensor.role is TensorRole.WEIGHT and tid not in trained:
+                plan[tid] = self._sharding(graph, [tid], wanted, "the weight")
+            else:
+                _log.info("shard_variables: '%s' (%s) is not sharded: only weights, their "
+                          "optimizer state and accumulators are equal on every replica",
+                          tid, tensor.role.value if tensor.role else "-")
+        changed = self._rewrite(ir, plan, sharded_updates, trained, accumulators)
+        self._check_anchors(ir, changed)
+        for tid, sharding in plan.items():
+            _log.debug("shard_variables: '%s': %s", tid, sharding.describe())
+        return True
+
+    def _requested(self) -> bool:
+        """Does any location setting ask for RTS? (Most sessions: no, and nothing to do.)"""
+        locations = [getattr(self.options, f).location for f in _SETTINGS_FIELDS]
+        locations += list(self.options.tensorLocationSettingsOverride.values())
+        return any(loc.replicatedTensorSharding is ReplicatedTensorSharding.On
+                   for loc in locations)
+
+    def _sharding(self, graph: Graph, ids: list[str], wanted: dict[str, CommGroup],
+                  what: str) -> Sharding:
+        domains = {(wanted[t].type, wanted[t].replicaGroupSize) for t in ids}
+        if len(domains) > 1:
+            listed = ", ".join(f"'{t}' {_domain(wanted[t])}" for t in ids)
+            raise popart_exception(
+                f"The tensors of {what} ask for different sharding domains: {listed}; the "
+                f"tensors of one optimizer instance must share a sharding domain (spec §10.4). "
+                f"Give the weight and optimizer-state settings the same shardingDomain."
+            )
+        domain = wanted[ids[0]]
+        where = f"Tensor '{ids[0]}' ({what})"
+        k = check_sharding_domain(domain, where, self.local_replicas, self.global_replicas)
+        return Sharding(graph.tensors[ids[0]].info, domain, k, self.global_replicas)
+
+    @staticmethod
+    def _with_info(sharding: Sharding, graph: Graph, tid: str) -> Sharding:
+        return Sharding(graph.tensors[tid].info, sharding.domain, sharding.num_shards,
+                        sharding.num_replicas)
+
+    @staticmethod
+    def _check_anchors(ir: Ir, changed: set[str]) -> None:
+        anchored = sorted(a for a in ir.anchors if a in changed)
+        if anchored:
+            raise popart_exception(
+                f"Anchors {anchored} hold replicated shards (sharded variables or their "
+                f"updates); an anchor cannot stream a sharded tensor. Read the variables with "
+                f"weightsToHost() / readWeights(), or set their replicatedTensorSharding Off."
+            )
+
+    # --- rewriting ------------------------------------------------------------------------
+
+    def _rewrite(self, ir: Ir, plan: dict[str, Sharding], sharded_updates: list[str],
+                 trained: dict[str, str], accumulators: dict[str, str]) -> set[str]:
+        """Shard the variables of ``plan``; returns the ids whose info changed."""
+        graph = ir.main
+        updates = self._optimizer.tensors.updated if self._optimizer is not None else {}
+        update_ops = {w: graph.tensors[updates[w]].producer for w in sharded_updates}
+        for weight_id, op in update_ops.items():
+            self._check_update(op, weight_id)
+        touched: set[str] = set()
+        # Readers of each sharded variable, taken before any op is added.
+        readers = {tid: [op for op in graph.tensors[tid].consumers if not _writes(op, tid)]
+                   for tid in plan}
+        for tid, sharding in plan.items():
+            graph.tensors[tid].info = sharding.shard_info
+            touched.add(tid)
+        ir.sharded_variables.update(plan)
+        for weight_id, sharding in plan.items():
+            tensor = graph.tensors[weight_id]
+            if tensor.role is not TensorRole.WEIGHT:
+                continue
+            full_readers = readers[weight_id]  # its update writes it, so is not among them
+            if full_readers:
+                gathered = self._add(graph, "ReplicatedAllGather", [weight_id],
+                                     weight_id + GATHERED_SUFFIX, ExecutionContext.Normal,
+                                     sharding, shape=tuple(sharding.full_info.shape),
+                                     num_shards=sharding.num_shards)
+                for op in full_readers:
+                    for i, t in enumerate(op.inputs):
+                        if t is not None and t.id == weight_id:
+                            graph.replace_input(op, i, gathered)
+        for weight_id, grad_id in trained.items():
+            accum = accumulators.get(weight_id)
+            accum_sharding = plan.get(accum) if accum is not None else None
+            update_sharding = plan.get(weight_id)
+            if accum_sharding is None and update_sharding is None:
+                continue
+            touched |= self._rewrite_reduction(graph, weight_id, grad_id, accum, accum_sharding,
+                                               update_sharding, update_ops)
+        return _propagate(graph, touched) | set(plan)
+
+    def _rewrite_reduction(self, graph: Graph, weight_id: str, grad_id: str, accum: str | None,
+                           accum_sharding: Sharding | None, update_sharding: Sharding | None,
+                           update_ops: dict[str, Op]) -> set[str]:
+        """Replace w's gradient all-reduce by a reduce-scatter (module docstring)."""
+        reduce_op = graph.tensors[grad_id].producer
+        if reduce_op is None or reduce_op.op_type != "ReplicatedAllReduce":
+            raise popart_exception(
+                f"shard_variables: the gradient '{grad_id}' of weight '{weight_id}' is not "
+                f"all-reduced; replicated tensor sharding needs the replication pass first."
+            )
+        source = reduce_op.inputs[0].id
+        context = reduce_op.settings.execution_context
+        readers = list(graph.tensors[grad_id].consumers)
+        touched: set[str] = set()
+        if accum_sharding is not None:
+            # Reduce-scatter every micro-batch, accumulate the shard.
+            accumulate = next(op for op in graph.tensors[accum].consumers
+                              if op.op_type == "Accumulate" and _writes(op, accum))
+            micro_grad = accumulate.inputs[1].id
+            shard = self._scatter(graph, micro_grad, accumulate.settings.execution_context,
+                                  accum_sharding)
+            graph.replace_input(accumulate, 1, shard)
+            touched.add(shard)
+            reduced = source  # the accumulator (or its scaled alias) already holds the sum
+            if update_sharding is None:
+                reduced = self._add(graph, "ReplicatedAllGather", [source],
+                                    accum + GATHERED_SUFFIX, context, accum_sharding,
+                                    shape=tuple(accum_sharding.full_info.shape),
+                                    num_shards=accum_sharding.num_shards)
+        else:
+            reduced = self._scatter(graph, source, context, update_sharding)
+            touched.add(reduced)
+        for op in readers:
+            for i, t in enumerate(op.inputs):
+                if t is not None and t.id == grad_id:
+                    _read(graph, op, i, reduced)
+        graph.remove_op(reduce_op)
+        graph.remove_tensor(graph.tensors[grad_id])
+        return touched
+
+    def _scatter(self, graph: Graph, source: str, context: ExecutionContext,
+                 sharding: Sharding) -> str:
+        """Reduce-scatter ``source`` within each shard group, then all-reduce the shard over
+        the groups when there are several (spec §10.4)."""
+        out = self._add(graph, "ReplicatedReduceScatter", [source], source + SCATTERED_SUFFIX,
+                        context, sharding, num_shards=sharding.num_shards)
+        groups = sharding.num_replicas // sharding.num_shards
+        if groups > 1:
+            across = (CommGroupType.Orthogonal.value, groups)
+            name = graph.unique_id(out + "/allreduced")
+            op = create_op("ReplicatedAllReduce", {},
+                           OpSettings(name=name, execution_context=context, comm_group=across),
+                           domain=AI_GRAPHCORE, where=name)
+            graph.add_op(op, [out], [name])
+            out = name
+        return out
+
+    @staticmethod
+    def _add(graph: Graph, op_type: str, inputs: list[str], output: str,
+             context: ExecutionContext, sharding: Sharding, **attrs) -> str:
+        out = graph.unique_id(output)
+        op = create_op(op_type, attrs,
+                       OpSettings(name=out, execution_context=context,
+                                  comm_group=sharding.comm_group),
+                       domain=AI_GRAPHCORE, where=out)
+        graph.add_op(op, inputs, [out])
+        return out
+
+    @staticmethod
+    def _check_update(op: Op, weight_id: str) -> None:
+        mode = getattr(op.attrs, "mode", None)
+        if mode in _NOT_ELEMENTWISE:
+            raise popart_exception(
+                f"{op.debug_name}: replicated tensor sharding of weight '{weight_id}' needs an "
+                f"element-wise update, but Adam mode {mode} scales by whole-tensor norms. Use "
+                f"another mode or set replicatedTensorSharding Off for this weight."
+            )
+        clip_index = 2 + len(getattr(op, "STATE", ()))
+        if clip_index < len(op.inputs) and op.inputs[clip_index] is not None:
+            raise popart_exception(
+                f"{op.debug_name}: weight '{weight_id}' is clipped by a global gradient norm, "
+                f"which needs whole gradients; gradient clipping is not supported with "
+                f"replicated tensor sharding. Remove the ClipNormSettings or set "
+                f"replicatedTensorSharding Off."
+            )
+
+
+def _domain(domain: CommGroup) -> str:
+    return f"CommGroup({domain.type.name}, {domain.replicaGroupSize})"
+
+
+def _writes(op: Op, tid: str) -> bool:
+    return any(i < len(op.inputs) and op.inputs[i] is not None and op.inputs[i].id == tid
+               for i in op.modifies_inputs)
+
+
+def _read(graph: Graph, op: Op, index: int, tid: str) -> None:
+    """Make ``op`` read ``tid`` at ``index`` and run before the tensor's in-place writers, as
+    ``Graph.add_op`` orders a new reader."""
+    graph.replace_input(op, index, tid)
+    if _writes(op, tid):
+        return
+    for writer in graph.tensors[tid].consumers:
+        if writer is not op and _writes(writer, tid):
+            graph.add_constraint(op, writer)
+
+
+def _propagate(graph: Graph, touched: set[str]) -> set[str]:
+    """Re-infer the ops reading a tensor whose info changed, in schedule order (in-place
+    outputs of a shard are shards too); each op's infer() checks its new inputs."""
+    changed = set(touched)
+    for op in graph.topo_order():
+        if not any(t is not None and t.id in changed for t in op.inputs):
+            continue
+        infos = graph._infer(op)  # noqa: SLF001 - the one Graph inference entry point
+        for tensor, info in zip(op.outputs, infos):
+            if tensor is not None and tensor.info != info:
+                tensor.info = info
+                changed.add(tensor.id)
+    return changed

@@ -1,0 +1,181 @@
+"""Training with replicated tensor sharding equals the unsharded run, each replica stores only
+its shard, the host sees whole tensors, and the memory model counts shards (spec §10.3, §10.4;
+F109-F111). The IR rewrite is tested in tests/transforms/test_rts.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import popart_backend as popart
+from popart_backend.ops.collectives import shard_layout
+from popart_backend.options import CommGroup, CommGroupType, ReplicatedTensorSharding
+from tests.session import replication_models as rm
+
+MB, BPS = 2, 2
+KINDS = ("weight", "optimizerState", "accumulator")
+
+
+def _rts(opts, kinds=KINDS, domain=None, min_elements=4):
+    for kind in kinds:
+        settings = getattr(opts, f"{kind}TensorLocationSettings")
+        settings.minElementsForReplicatedTensorSharding = min_elements
+        settings.location.replicatedTensorSharding = ReplicatedTensorSharding.On
+        if domain is not None:
+            settings.location.shardingDomain = domain
+    return opts
+
+
+def _adam():
+    return popart.Adam({"defaultLearningRate": (0.02, False), "defaultWeightDecay": (0.01, True)})
+
+
+def _data(rf, af, seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((BPS, af, rf, MB, rm.D_IN)).astype(np.float32)
+
+
+def _state(s, ids):
+    s.weightsToHost()
+    out = {t: np.zeros(s.getIr().sharded_variables[t].full_info.shape, np.float32)
+           for t in ids}
+    s.readWeights(popart.PyWeightsIO(out))
+    return out
+
+
+@pytest.mark.parametrize("make_optimizer", [rm.momentum_sgd, _adam], ids=["sgd", "adam"])
+@pytest.mark.parametrize("rf, af", [(2, 1), (4, 1), (2, 3), (4, 2)])
+def test_F110_sharded_training_equals_the_unsharded_run(make_optimizer, rf, af):
+    p, x = rm.params(), _data(rf, af)
+    want, _, plain = rm.train(p, x, MB, BPS, rm.options(rf, af), optimizer=make_optimizer())
+    got, _, s = rm.train(p, x, MB, BPS, _rts(rm.options(rf, af)), optimizer=make_optimizer())
+    rm.assert_weights_close(got, want)
+    state = [t for t in s.getIr().sharded_variables if t.startswith("Accl")]
+    assert state
+    # Optimizer state reads back whole and equal too.
+    plain.weightsToHost()
+    ref = {t: np.zeros(rm.params()[t.split("___")[1]].shape, np.float32) for t in state}
+    plain.readWeights(popart.PyWeightsIO(ref))
+    rm.assert_weights_close(_state(s, state), ref)
+
+
+@pytest.mark.parametrize("kinds, af", [(("accumulator",), 3), (("optimizerState",), 1),
+                                       (("weight",), 2)])
+def test_F110_sharding_one_kind_of_tensor_equals_the_unsharded_run(kinds, af):
+    p, x = rm.params(), _data(2, af)
+    want, _, _ = rm.train(p, x, MB, BPS, rm.options(2, af))
+    got, _, _ = rm.train(p, x, MB, BPS, _rts(rm.options(2, af), kinds))
+    rm.assert_weights_close(got, want)
+
+
+def test_F111_consecutive_domain_equals_the_unsharded_run():
+    p, x = rm.params(), _data(4, 2)
+    want, _, _ = rm.train(p, x, MB, BPS, rm.options(4, 2), optimizer=_adam())
+    opts = _rts(rm.options(4, 2), domain=CommGroup(CommGroupType.Consecutive, 2))
+    got, _, s = rm.train(p, x, MB, BPS, opts, optimizer=_adam())
+    rm.assert_weights_close(got, want)
+    assert s.getIr().sharded_variables["w0"].num_shards == 2
+
+
+def _spec_example_session(rf=4, optimizer=None, shard=True):
+    """loss = l1(x * w) with w f32[5,2,3]: 30 elements over 4 replicas (spec §10.3)."""
+    builder = popart.Builder(opsets={"ai.onnx": 17, "ai.graphcore": 1})
+    x = builder.addInputTensor(popart.TensorInfo("FLOAT", [MB, 5, 2, 3]), "x")
+    w0 = np.arange(1, 31, dtype=np.float32).reshape(5, 2, 3) / 10
+    w = builder.addInitializedInputTensor(w0, "w")
+    loss = builder.aiGraphcore.l1loss([builder.aiOnnx.mul([x, w])], 0.1)
+    opts = popart.SessionOptions()
+    opts.enableReplicatedGraphs, opts.replicatedGraphCount = True, rf
+    opts.engineOptions = {"autoReport.all": "true"}
+    if shard:
+        _rts(opts, min_elements=rf)
+    device = popart.DeviceManager().createIpuModelDevice({"numIPUs": rf})
+    s = popart.TrainingSession(builder.getModelProto(), popart.DataFlow(1, [loss]), loss,
+                               optimizer or rm.momentum_sgd(), device, userOptions=opts)
+    s.prepareDevice()
+    s.weightsFromHost()
+    return s, w0
+
+
+def _device_value(s, tid, replica):
+    device = s._device  # the simulated device's per-replica slots
+    return device.plan.replica_values[replica][device.plan.slot[tid]].numpy()
+
+
+def test_F109_each_replica_stores_its_shard_with_the_spec_padding():
+    s, w0 = _spec_example_session()
+    flat = w0.reshape(-1)
+    expected = [flat[0:8], flat[8:16], np.append(flat[16:23], 0), np.append(flat[23:30], 0)]
+    for r in range(4):
+        np.testing.assert_array_equal(_device_value(s, "w", r), expected[r])
+        assert _device_value(s, "Accl___w", r).shape == (8,)
+    # writeWeights + weightsFromHost split a new host value; weightsToHost joins it back.
+    new = -w0
+    s.writeWeights(popart.PyWeightsIO({"w": new}))
+    s.weightsFromHost()
+    np.testing.assert_array_equal(_device_value(s, "w", 3), np.append(-flat[23:30], 0))
+    out = {"w": np.zeros_like(w0)}
+    s.weightsToHost()
+    s.readWeights(popart.PyWeightsIO(out))
+    np.testing.assert_array_equal(out["w"], new)
+
+
+def test_F109_spec_example_trains_like_the_unsharded_weight_and_pads_stay_zero():
+    x = np.random.default_rng(3).standard_normal((4, MB, 5, 2, 3)).astype(np.float32)
+    weights = {}
+    for shard in (False, True):
+        s, w0 = _spec_example_session(optimizer=_adam(), shard=shard)
+        for _ in range(2):
+            s.run(popart.PyStepIO({"x": x}, s.initAnchorArrays()))
+        weights[shard] = {"w": np.zeros_like(w0)}
+        s.weightsToHost()
+        s.readWeights(popart.PyWeightsIO(weights[shard]))
+    assert not np.array_equal(weights[True]["w"], w0)
+    rm.assert_weights_close(weights[True], weights[False])
+    assert _device_value(s, "w", 2)[-1] == 0 and _device_value(s, "w", 3)[-1] == 0
+
+
+def test_F109_memory_model_counts_shards():
+    s, _ = _spec_example_session()
+    model = s._device_model
+    entries = {t.id: t for t in model.memory.ipu(0).tensors}
+    assert entries["w"].num_bytes == 8 * 4  # ceil(30 / 4) f32 elements, not 30
+    assert entries["Accl___w"].num_bytes == 8 * 4
+    location = model.locations["w"]
+    assert location.location.replicatedTensorSharding is ReplicatedTensorSharding.On
+    assert "4 shards of 8" in location.reason
+    # The gathered full weight is a transient activation.
+    assert entries["w/gathered"].num_bytes == 30 * 4
+
+
+def test_F109_anchoring_a_sharded_weight_is_rejected():
+    opts = _rts(rm.options(2))
+    proto, loss = rm.model(rm.params(), MB)
+    device = popart.DeviceManager().createIpuModelDevice({"numIPUs": 2})
+    flow = popart.DataFlow(1, [loss, "w0"])
+    with pytest.raises(popart.popart_exception, match=r"\['w0'\] hold replicated shards"):
+        popart.TrainingSession(proto, flow, loss, rm.momentum_sgd(), device, userOptions=opts)
+
+
+def test_F109_inference_shards_variable_weights():
+    p = rm.params()
+    proto, loss = rm.model(p, MB)
+    x = _data(2, 1)[0, 0]  # [rf, mb, D_IN]
+    outputs = {}
+    for shard in (False, True):
+        opts = rm.options(2)
+        opts.constantWeights = False
+        if shard:
+            _rts(opts, ("weight",))
+        builder_out = loss
+        device = popart.DeviceManager().createIpuModelDevice({"numIPUs": 2})
+        s = popart.InferenceSession(proto, popart.DataFlow(1, [builder_out]), device,
+                                    userOptions=opts)
+        s.prepareDevice()
+        s.weightsFromHost()
+        out = s.initAnchorArrays()
+        s.run(popart.PyStepIO({"x": x}, out))
+        outputs[shard] = out[builder_out]
+        if shard:
+            assert sorted(s._ir.sharded_variables) == ["b0", "w0", "w1"]
+    np.testing.assert_array_equal(outputs[True], outputs[False])
