@@ -884,9 +884,20 @@ def option_status(name: str, training: bool) -> OptionStatus:
     return status
 
 
+_DEFAULTS: SessionOptions | None = None
+
+
+def _default_options() -> SessionOptions:
+    """One shared, never-mutated default instance (building one costs ~0.5 ms per session)."""
+    global _DEFAULTS
+    if _DEFAULTS is None:
+        _DEFAULTS = SessionOptions()
+    return _DEFAULTS
+
+
 def non_default_options(options: SessionOptions) -> dict[str, tuple[Any, Any]]:
     """Field name -> (value, default) for every option that differs from its default."""
-    defaults = SessionOptions()
+    defaults = _default_options()
     changed = {}
     for f in dataclasses.fields(SessionOptions):
         value, default = getattr(options, f.name), getattr(defaults, f.name)
