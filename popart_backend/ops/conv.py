@@ -227,7 +227,11 @@ class _ConvolutionGrad:
     ``W.nelms / W.shape[0]`` weights), and dB sums dY once.
     """
 
-    def grad_infos(self, x: TensorInfo, w: TensorInfo, bias_channels: int) -> list[TensorInfo]:
+    def grad_infos(self, dy: TensorInfo, y: TensorInfo, x: TensorInfo, w: TensorInfo,
+                   bias_channels: int) -> list[TensorInfo]:
+        """The infos of the ``wrt`` gradients, after checking dY against the forward's Y."""
+        if dy.shape != y.shape:
+            raise ShapeError(f"{self.debug_name}: dY {dy} must have the output shape {y}.")
         wrt = self.attrs.wrt
         if any(i not in (0, 1, 2) for i in wrt) or not wrt:
             raise ShapeError(f"{self.debug_name}: wrt={list(wrt)} must list inputs 0, 1, 2.")
@@ -301,9 +305,7 @@ class ConvGrad(_ConvolutionGrad, Conv):
 
     def infer(self, dy, x, w):
         y = Conv.infer(self, x, w)
-        if dy.shape != y.shape:
-            raise ShapeError(f"{self.debug_name}: dY {dy} must have the output shape {y}.")
-        return self.grad_infos(x, w, w.shape[0])
+        return self.grad_infos(dy, y, x, w, w.shape[0])
 
     def kernel(self, dy, x, w):
         if self._pre_pad is not None:
@@ -418,10 +420,8 @@ class ConvTransposeGrad(_ConvolutionGrad, ConvTranspose):
 
     def infer(self, dy, x, w):
         y = ConvTranspose.infer(self, x, w)
-        if dy.shape != y.shape:
-            raise ShapeError(f"{self.debug_name}: dY {dy} must have the output shape {y}.")
         self._sum_dims = (0,) + tuple(range(2, y.rank))
-        return self.grad_infos(x, w, y.shape[1])
+        return self.grad_infos(dy, y, x, w, y.shape[1])
 
     def kernel(self, dy, x, w):
         mask = self._mask

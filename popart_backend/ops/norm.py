@@ -23,7 +23,7 @@ from ..dtypes import DataType
 from ..errors import ShapeError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
-from .base import normalize_axis
+from .base import LegacyConsumedInputs, normalize_axis
 from .multi_grad import add_multi_grad_op, pick_grads, wanted_grads
 from .registry import AI_GRAPHCORE, register_op
 
@@ -405,20 +405,12 @@ def _check_channel_params(op: Op, x: TensorInfo, size: int, *params) -> None:
 
 
 @register_op("InstanceNormalization", versions=(1, 6))
-class InstanceNormalization(_Normalization):
+class InstanceNormalization(LegacyConsumedInputs, _Normalization):
     """Normalize each (n, c) plane over its spatial dims, then scale and shift per channel."""
 
     @dataclass(frozen=True)
     class Attrs:
         epsilon: float = 1e-5
-
-    @dataclass(frozen=True)
-    class V1Attrs(Attrs):
-        consumed_inputs: tuple[int, ...] = ()
-
-    @classmethod
-    def attrs_type(cls, version: int):
-        return cls.V1Attrs if version < 6 else cls.Attrs
 
     def infer(self, x, scale, b):
         if x.rank < 3:
@@ -440,15 +432,13 @@ class GroupNormalization(_Normalization):
     """Normalize over groups of channels. Version 18 scales per group, 21 per channel."""
 
     @dataclass(frozen=True)
-    class Attrs:
-        num_groups: int
-        epsilon: float = 1e-5
-        stash_type: int = 1
-
-    @dataclass(frozen=True)
     class V18Attrs:
         num_groups: int
         epsilon: float = 1e-5
+
+    @dataclass(frozen=True)
+    class Attrs(V18Attrs):
+        stash_type: int = 1
 
     @classmethod
     def attrs_type(cls, version: int):
