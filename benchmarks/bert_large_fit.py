@@ -13,7 +13,8 @@ compile-time models for the verdict of a training step (Lamb optimizer, gradient
 - 2 IPUs: 12 + 12 layers (embeddings with the first half), pipelined;
 - 4 IPUs: 3 + 7 + 7 + 7 layers (Graphcore's split), pipelined;
 
-each with the optimizer state on chip and off chip (streaming memory). Nothing is run on the
+each with the optimizer state on chip and off chip (streaming memory), with pipeline
+recomputation on the pipelined splits. Nothing is run on the
 simulator: the ONNX is imported, the training passes run, and the memory and cycle models
 analyse the schedule (as ``prepareDevice()`` does before it raises OutOfMemoryException).
 
@@ -22,6 +23,9 @@ add the masked-LM and next-sentence heads, whose decoder shares the embedding ma
 IPU 0), so IPU 0 holds a little less here than in the published runs.
 
     python benchmarks/bert_large_fit.py [--layers 24] [--micro-batch 8] [--seq 128]
+
+The numbers and their reading are in docs/device_model.md §4 (about 4 minutes on 2 cores,
+most of it the export; ~2 GB of memory).
 """
 
 from __future__ import annotations
