@@ -23,7 +23,7 @@ from onnx import numpy_helper
 
 from . import ops  # noqa: F401  (registers every op)
 from .dtypes import DataType
-from .errors import ModelError, ShapeError, UnsupportedOpError, popart_exception
+from .errors import ModelError, ShapeError, UnsupportedOpError
 from .ir.ir import Ir
 from .ir.op import OpSettings, RecomputeType
 from .ir.tensor import TensorInfo, TensorKind

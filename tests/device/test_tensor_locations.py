@@ -25,7 +25,7 @@ from popart_backend.device.memory import (
     storage_roots,
 )
 from popart_backend.device.spec import IpuSpec
-from popart_backend.errors import NotImplementedOptionError, OutOfMemoryException
+from popart_backend.errors import OutOfMemoryException
 from popart_backend.ir.op import ExecutionContext, RecomputeType
 from popart_backend.ir.tensor import TensorRole
 from popart_backend.onnx_import import import_model

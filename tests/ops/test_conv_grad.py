@@ -1,8 +1,6 @@
 """Gradients of Conv and ConvTranspose against torch.autograd (issue #3 item 2, F49)."""
 
-import numpy as np
 import pytest
-import torch
 import torch.nn.functional as F
 
 from tests.helpers import check_grad, rand

@@ -1,6 +1,5 @@
 """Gradients of MatMul, Gemm and Einsum against torch.autograd (issue #3 item 2, F49)."""
 
-import numpy as np
 import pytest
 import torch
 

@@ -3,9 +3,7 @@ InstanceNormalization and GroupNormalization against torch.autograd (issue #3 it
 BatchNormalization's training form is tested with its pass in
 tests/transforms/test_training_semantics.py."""
 
-import numpy as np
 import pytest
-import torch
 import torch.nn.functional as F
 
 from tests.helpers import check_grad, rand

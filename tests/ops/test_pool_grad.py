@@ -3,7 +3,6 @@
 
 import numpy as np
 import pytest
-import torch
 import torch.nn.functional as F
 
 from tests.helpers import check_grad, rand

@@ -4,7 +4,6 @@ The op is the spec's LeakyRelu, registered in popart_backend.custom; the referen
 model in eager torch with ``torch.nn.functional.leaky_relu``.
 """
 
-import copy
 
 import numpy as np
 import pytest

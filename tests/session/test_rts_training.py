@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import popart_backend as popart
-from popart_backend.ops.collectives import shard_layout
 from popart_backend.options import CommGroup, CommGroupType, ReplicatedTensorSharding
 from tests.session import replication_models as rm
 
