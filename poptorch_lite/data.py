@@ -4,6 +4,13 @@
 ``batch_size × deviceIterations × replicationFactor × gradientAccumulation`` samples, so one
 item feeds one wrapper call. ``AsynchronousDataAccessor`` loads batches on a background thread
 into a bounded queue so the host prepares the next batch while the device runs.
+
+With several processes (``Options.Distributed``, P49) each process reads its own contiguous
+share of a map-style dataset, a whole number of combined batches, so every process makes the
+same number of calls: process p of P reads samples ``p·per .. (p+1)·per - 1`` with ``per =
+combined · (len // (combined · P))``. ``shuffle=True`` needs ``Options.randomSeed``: every
+process draws the same global permutation per epoch (seed + epoch) and takes its share of it,
+rotated by the epoch's leftovers so different samples are left out each epoch.
 """
 
 from __future__ import annotations
@@ -62,6 +69,29 @@ class DataLoader(torch.utils.data.DataLoader):
         if persistent_workers is None:
             persistent_workers = num_workers > 0
         self._mode = mode
+        process_id, processes = options.Distributed._resolved()
+        distributed = auto_distributed_partitioning and processes > 1
+        if distributed and batch_sampler is not None:
+            raise Error(f"DataLoader: batch_sampler cannot be split between the {processes} "
+                        f"processes automatically; pass auto_distributed_partitioning=False and "
+                        f"give each process its own sampler.")
+        if distributed and isinstance(dataset, torch.utils.data.IterableDataset):
+            raise Error(f"DataLoader: an IterableDataset cannot be split between the "
+                        f"{processes} processes automatically; pass "
+                        f"auto_distributed_partitioning=False and shard it in the dataset "
+                        f"(e.g. by Options.Distributed.processId).")
+        if distributed:
+            if shuffle and options.random_seed is None:
+                raise Error("DataLoader: shuffle=True with several processes needs "
+                            "Options.randomSeed(...) so every process draws the same global "
+                            "permutation.")
+            if "sampler" in kwargs:
+                raise Error("DataLoader: a sampler cannot be split between processes "
+                            "automatically; pass auto_distributed_partitioning=False.")
+            kwargs["sampler"] = _ProcessShareSampler(
+                len(dataset), self.combinedBatchSize, process_id, processes, shuffle,
+                options.random_seed)
+            shuffle = False
         if batch_sampler is not None:
             if batch_size != 1 or shuffle:
                 raise Error("DataLoader: batch_sampler excludes batch_size != 1 and shuffle "
@@ -70,7 +100,9 @@ class DataLoader(torch.utils.data.DataLoader):
             super().__init__(dataset, batch_sampler=batch_sampler, num_workers=num_workers,
                              persistent_workers=persistent_workers, **kwargs)
         else:
-            if hasattr(dataset, "__len__") and not isinstance(
+            if distributed:
+                pass  # the share is whole combined batches; the sampler logs what it leaves
+            elif hasattr(dataset, "__len__") and not isinstance(
                     dataset, torch.utils.data.IterableDataset):
                 total = len(dataset)
                 rest = total % self.combinedBatchSize
@@ -111,6 +143,39 @@ class DataLoader(torch.utils.data.DataLoader):
     def terminate(self) -> None:
         if self._accessor is not None:
             self._accessor.terminate()
+
+
+class _ProcessShareSampler(torch.utils.data.Sampler):
+    """This process's contiguous share of the dataset (whole combined batches), see above."""
+
+    def __init__(self, length: int, combined: int, process_id: int, processes: int,
+                 shuffle: bool, seed: int | None):
+        self.per_process = combined * (length // (combined * processes))
+        if self.per_process == 0:
+            raise Error(f"DataLoader: {length} samples are fewer than one combined batch "
+                        f"({combined}) per process for {processes} processes.")
+        self.length = length
+        self.offset = process_id * self.per_process
+        self.leftovers = length - processes * self.per_process
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        if self.leftovers:
+            _log.info("DataLoader: %d of %d samples are left out per epoch (%d processes x %d "
+                      "samples)", self.leftovers, length, processes, self.per_process)
+
+    def __iter__(self):
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + epoch)
+            order = torch.randperm(self.length, generator=generator)
+            order = torch.roll(order, shifts=epoch * self.leftovers)
+        else:
+            order = torch.arange(self.length)
+        return iter(order[self.offset:self.offset + self.per_process].tolist())
+
+    def __len__(self) -> int:
+        return self.per_process
 
 
 class _CombinedBatchSampler(torch.utils.data.Sampler):

@@ -28,10 +28,10 @@ import torch
 import tqdm
 from torch.utils import _pytree as pytree
 
-from . import optimizer_translation, tracing, weight_sync
+from . import blocks, optimizer_translation, tracing, weight_sync
 from .blocks import block_annotations
 from .errors import Error
-from .options import ConnectionType, Options, OutputMode
+from .options import CommGroupType, ConnectionType, Options, OutputMode
 
 __all__ = ["PoplarExecutor"]
 
@@ -44,6 +44,9 @@ _NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
 _pre_compile_hooks: list = []
 _post_compile_hooks: list = []
 
+# The simulated machine's size (lite; spec §2.3): more IPUs than this cannot be acquired.
+MAX_IPUS = 64
+
 
 class _Executable:
     """One compiled input signature: traced model, backend session and IO tables."""
@@ -55,6 +58,10 @@ class _Executable:
         self.divisor = divisor
         self.device_weights = device_weights  # ONNX initializer -> FQN, device-held only
         self.translation = translation  # training: the optimizer as compiled
+        self.placement: blocks.Placement | None = None  # stages and IPUs (spec §2.3)
+        # Per distinct output name: (name, host shape, narrowed dtype or None), built on the
+        # first run from the anchor arrays (their sizes are fixed by the compiled session).
+        self.output_table: list[tuple[str, tuple[int, ...], torch.dtype | None]] | None = None
 
 
 class PoplarExecutor:
@@ -110,6 +117,7 @@ class PoplarExecutor:
         d["_optimizer_state_pending"] = False  # host optimizer state to write before a run
         d["_steps_done"] = 0  # optimizer steps made on the device since compile
         d["_micro_batches_pending"] = 0  # BatchNorm num_batches_tracked not yet on the host
+        d["_fast"] = None  # _FastCall: the last call's signature, to skip re-binding it
         if training:
             link.set_training(self)
             weight_sync.install_hooks(model, link)
@@ -262,10 +270,12 @@ class PoplarExecutor:
                 self._check_batch_norms()
             bar.update()
             bar.set_postfix_str("build session + prepareDevice")
-            session, translation = self._build_session(traced)
+            placement = self._place(traced)
+            session, translation = self._build_session(traced, placement)
             device_weights = self._device_weight_map(session, traced)
             bar.update()
         executable = _Executable(traced, session, divisor, device_weights, translation)
+        executable.placement = placement
         self.__dict__["_compile_seconds"] = time.monotonic() - start
         _log.info("compiled the %s model in %.2f s", kind, self._compile_seconds)
         if not self._offline():
@@ -288,15 +298,35 @@ class PoplarExecutor:
             for name, module in modules.items():
                 module.training = saved[name]
 
-    def _num_ipus(self, traced: tracing.TracedModel) -> int:
-        ipus = [a.i for node in traced.proto.graph.node for a in node.attribute
-                if a.name == tracing.IPU_ATTR]
-        needed = (max(ipus) + 1 if ipus else 1) * self._options.replication_factor
+    def _place(self, traced: tracing.TracedModel) -> blocks.Placement:
+        """Stages and IPUs from the traced blocks and the execution strategy (spec §2.3)."""
+        values = self._options._values
+        placement = blocks.place_model(traced.proto, values["executionStrategy"])
+        blocks.check_pipeline_depth(placement, self._training,
+                                    values["Training.gradientAccumulation"],
+                                    self._options.device_iterations)
+        return placement
+
+    def _num_ipus(self, placement: blocks.Placement) -> int:
+        """Device IPUs = replicas × IPUs per replica (P44), power of two unless rounded."""
+        replicas = self._options.replication_factor
+        needed = placement.ipus_per_replica * replicas
+        if needed > MAX_IPUS:
+            raise Error(f"too many IPUs requested ({needed}): {placement.ipus_per_replica} IPU(s) "
+                        f"per replica × replicationFactor({replicas}) exceeds the simulated "
+                        f"machine's {MAX_IPUS} IPUs. Lower replicationFactor or place the model "
+                        f"on fewer IPUs.")
         if needed & (needed - 1):
             if not self._options._values["autoRoundNumIPUs"]:
-                raise Error(f"The model needs {needed} IPUs, which is not a power of two. Use "
-                            f"Options.autoRoundNumIPUs(True) to round up (extra IPUs idle).")
+                raise Error(f"The model needs {needed} IPUs ({placement.ipus_per_replica} per "
+                            f"replica × replicationFactor({replicas})), which is not a power of "
+                            f"two. Use Options.autoRoundNumIPUs(True) to round up (extra IPUs "
+                            f"idle), or change the ipu_ids / replicationFactor.")
             needed = 1 << (needed - 1).bit_length()
+            if needed % replicas:
+                raise Error(f"autoRoundNumIPUs: {needed} IPUs do not split into "
+                            f"replicationFactor({replicas}) equal replicas; use a power-of-two "
+                            f"replicationFactor.")
         return needed
 
     def _acquire_device(self, num_ipus: int):
@@ -314,14 +344,16 @@ class PoplarExecutor:
         elif values["ipuId"] is not None:
             device = manager.acquireDeviceById(values["ipuId"], connectionType=connection)
         else:
-            device = manager.acquireAvailableDevice(num_ipus, connectionType=connection)
+            device = manager.acquireAvailableDevice(
+                num_ipus, pattern=popart.SyncPattern[values["syncPattern"].name],
+                connectionType=connection)
         if device is None:
             raise Error(f"failed to acquire {num_ipus} IPU(s): every simulated IPU of that size "
                         f"is in use. Call detachFromDevice() or destroy() on another wrapper.")
         self.__dict__["_device"] = device
         return device
 
-    def _build_session(self, traced: tracing.TracedModel):
+    def _build_session(self, traced: tracing.TracedModel, placement: blocks.Placement):
         values = self._options._values
         mode = self._options.resolved_output_mode(self._training)
         period = self._options.output_return_period
@@ -334,7 +366,15 @@ class PoplarExecutor:
         anchors = {name: art for name in dict.fromkeys(traced.output_names)}
         data_flow = popart.DataFlow(n, anchors)
         session_options = self._options.to_backend(self._training)
-        device = self._acquire_device(self._num_ipus(traced))
+        if placement.multi_ipu:
+            session_options.virtualGraphMode = popart.VirtualGraphMode.Manual
+            session_options.enablePipelining = placement.pipelined
+        if values["profilingDir"] is not None:
+            session_options.engineOptions = {**session_options.engineOptions,
+                                             "autoReport.all": "true",
+                                             "autoReport.directory": values["profilingDir"]}
+        device = self._acquire_device(self._num_ipus(placement))
+        _init_distributed(self._options)
         translation = None
         try:
             if self._training:
@@ -618,6 +658,7 @@ class PoplarExecutor:
             self._device.detach()
         d = self.__dict__
         d["_executables"] = {}
+        d["_fast"] = None
         d["_active"] = None
         d["_device"] = None
         d["_attached"] = False
@@ -631,6 +672,11 @@ class PoplarExecutor:
     # --- run ---------------------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
+        fast = self.__dict__["_fast"]
+        if fast is not None and not kwargs:
+            leaves = fast.leaves(self, args)
+            if leaves is not None:
+                return self._run(fast.executable, leaves)
         leaves, signature = self._signature(args, kwargs)
         leaves = self._prepare_leaves(leaves, signature)
         executable = self._select(leaves, signature)
@@ -639,6 +685,7 @@ class PoplarExecutor:
                         "(connectionType(Never) / useOfflineIpuTarget); use compile() only.")
         if not self._attached:
             self.attachToDevice()
+        self.__dict__["_fast"] = _FastCall.of(self, args, kwargs, leaves, executable)
         return self._run(executable, leaves)
 
     def _prepare_leaves(self, leaves, signature):
@@ -683,8 +730,12 @@ class PoplarExecutor:
                 continue
             array = leaf.cpu().numpy()
             if not spec.shape:
-                # 0-d tensors are not sliced: every micro-batch sees the same value.
-                array = np.ascontiguousarray(np.broadcast_to(array, (executable.divisor,)))
+                # 0-d tensors are not sliced: every micro-batch of every replica sees the same
+                # value.
+                array = np.ascontiguousarray(np.broadcast_to(
+                    array, (executable.divisor * self._input_group_size(),)))
+            else:
+                array = self._expand_input_groups(array, executable.divisor)
             inputs[name] = np.ascontiguousarray(array)
         session = executable.session
         anchors = session.initAnchorArrays()
@@ -705,21 +756,52 @@ class PoplarExecutor:
             self._optimizer._opt_called = True
         return self._outputs(executable, anchors)
 
+    def _input_group_size(self) -> int:
+        return self._options._values["inputReplicaGrouping"][0]
+
+    def _expand_input_groups(self, array: np.ndarray, divisor: int) -> np.ndarray:
+        """[N·G·Rin·B, ...] -> [N·G·R·B, ...]: each replica gets its input group's rows (§2.4)."""
+        size, kind = self._options._values["inputReplicaGrouping"]
+        if size == 1:
+            return array
+        rin = self._options.input_replicas
+        replicas = self._options.replication_factor
+        micro = array.shape[0] // divisor  # B
+        view = array.reshape(-1, rin, micro, *array.shape[1:])  # [N·G, Rin, B, ...]
+        if kind is CommGroupType.Orthogonal:
+            groups = [r % rin for r in range(replicas)]
+        else:  # Consecutive: group r feeds replicas r·size .. r·size + size - 1
+            groups = [r // size for r in range(replicas)]
+        return view[:, groups].reshape(-1, *array.shape[1:])
+
+    def getPipelineSummary(self) -> str:  # noqa: N802 - (lite)
+        """Stages per IPU and the pipeline's fill / main / flush cycles; with
+        ``Options.enableProfiling`` also the backend's ``getSummaryReport()``."""
+        executable = self._require_compiled("getPipelineSummary()")
+        values = self._options._values
+        text = blocks.schedule_summary(executable.placement, self._training,
+                                       values["Training.gradientAccumulation"],
+                                       self._options.device_iterations,
+                                       self._options.replication_factor)
+        processes = self._options.Distributed.numProcesses
+        if processes > 1:
+            text += (f"\n  processes: {processes} (this one: "
+                     f"{self._options.Distributed.processId}), global replicas: "
+                     f"{processes * self._options.replication_factor}")
+        if values["profilingDir"] is not None:
+            text += "\n" + executable.session.getSummaryReport(resetProfile=False)
+        return text
+
     def _outputs(self, executable: _Executable, anchors: dict):
         traced = executable.traced
-        session = executable.session
+        table = executable.output_table
+        if table is None:
+            table = executable.output_table = _output_table(executable, anchors)
         results = {}
-        for name in dict.fromkeys(traced.output_names):
-            array = anchors[name]
-            sample = tuple(session.getInfo(name).shape())
-            tensor = torch.from_numpy(array)
-            count = array.size // max(int(np.prod(sample, dtype=np.int64)), 1) if sample else (
-                array.size)
-            if count > 1:
-                tensor = tensor.reshape((count * sample[0], *sample[1:]) if sample else (count,))
-            else:
-                tensor = tensor.reshape(sample)
-            results[name] = tensor.to(_NARROW.get(tensor.dtype, tensor.dtype))
+        for name, shape, narrow in table:
+            # initAnchorArrays' arrays are C-contiguous, so view() never copies.
+            tensor = torch.from_numpy(anchors[name]).view(shape)
+            results[name] = tensor if narrow is None else tensor.to(narrow)
         leaves = []
         for index, source in enumerate(traced.output_leaf_sources):
             if source is None:
@@ -730,6 +812,123 @@ class PoplarExecutor:
             return leaves[0] if len(leaves) == 1 else tuple(leaves)
         return pytree.tree_unflatten(leaves, traced.output_spec)
 
+
+
+class _FastCall:
+    """The input signature of the last call made of plain tensors passed positionally.
+
+    A training step or an inference batch repeats the same call; matching the new arguments
+    against this record (type, dtype, shape, no grad, contiguous) gives the same leaves and
+    executable as binding to ``forward``'s signature, flattening and looking up the signature
+    key would, at a fraction of the cost (those cost about as much as a small model's step).
+    Anything else (kwargs, non-tensor or changed arguments, another executable, a detached
+    device, a replaced ``forward``) falls back to the full path, which records the new call.
+    """
+
+    __slots__ = ("forward", "executable", "specs", "positions", "template")
+
+    def __init__(self, forward, executable, specs, positions, template):
+        self.forward = forward
+        self.executable = executable
+        self.specs = specs  # per positional argument: (dtype, shape)
+        self.positions = positions  # leaf index of each argument; None: the leaves are args
+        self.template = template  # the leaves, with constants (defaults) at other indices
+
+    @staticmethod
+    def _function(model):
+        forward = model.forward
+        return getattr(forward, "__func__", forward)
+
+    @classmethod
+    def of(cls, wrapper, args, kwargs, leaves, executable) -> "_FastCall | None":
+        if kwargs or not all(type(a) is torch.Tensor for a in args):
+            return None
+        positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        # Every tensor leaf must be an argument as given (not detached or made contiguous).
+        if len(positions) != len(args) or any(leaves[p] is not a
+                                              for p, a in zip(positions, args)):
+            return None
+        specs = tuple((a.dtype, a.shape) for a in args)
+        same = positions == list(range(len(leaves)))
+        return cls(cls._function(wrapper._user_model), executable, specs,
+                   None if same else positions, None if same else list(leaves))
+
+    def leaves(self, wrapper, args) -> list | None:
+        """The leaves for ``args``, or None when the full path must handle the call."""
+        specs = self.specs
+        if (len(args) != len(specs) or self.executable is not wrapper._active
+                or not wrapper._attached
+                or self._function(wrapper._user_model) is not self.forward):
+            return None
+        for arg, (dtype, shape) in zip(args, specs):
+            if (type(arg) is not torch.Tensor or arg.dtype is not dtype or arg.shape != shape
+                    or arg.requires_grad or not arg.is_contiguous()):
+                return None
+        if self.positions is None:
+            return list(args)
+        leaves = list(self.template)
+        for position, arg in zip(self.positions, args):
+            leaves[position] = arg
+        return leaves
+
+
+def _output_table(executable: _Executable, anchors: dict) -> list:
+    """Per distinct output: its host shape (PopTorch's §2.4 stacking: the anchor's batches
+    stacked along dim 0) and the dtype it narrows to (int64 -> int32, float64 -> float32)."""
+    table = []
+    for name in dict.fromkeys(executable.traced.output_names):
+        array = anchors[name]
+        sample = tuple(executable.session.getInfo(name).shape())
+        count = array.size // max(int(np.prod(sample, dtype=np.int64)), 1) if sample else (
+            array.size)
+        if count > 1:
+            shape = (count * sample[0], *sample[1:]) if sample else (count,)
+        else:
+            shape = sample
+        table.append((name, shape, _NARROW.get(torch.from_numpy(array).dtype)))
+    return table
+
+
+def _init_distributed(options: Options) -> None:
+    """Several processes: make sure torch.distributed can meet its peers (spec §5.3).
+
+    The backend joins the env:// rendezvous (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, as
+    torchrun sets them). When the process id came from elsewhere (configureProcessId, Open
+    MPI's variables) RANK / WORLD_SIZE may be missing: then the process group is created here
+    with this process's id and count, and the backend uses it."""
+    process_id, processes = options.Distributed._resolved()
+    if processes <= 1:
+        return
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if os.environ.get("RANK") and os.environ.get("WORLD_SIZE"):
+        if (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) != (process_id, processes):
+            raise Error(f"Options.Distributed: process {process_id} of {processes}, but the "
+                        f"environment says RANK={os.environ['RANK']} of WORLD_SIZE="
+                        f"{os.environ['WORLD_SIZE']}; make them agree.")
+        return  # the backend's env:// rendezvous reads them
+    missing = [n for n in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(n)]
+    if missing:
+        raise Error(f"Options.Distributed: {processes} processes need a rendezvous address; set "
+                    f"{' and '.join(missing)} (the same on every process), or launch with "
+                    f"torchrun.")
+    try:
+        timeout = float(os.environ.get("POPART_DISTRIBUTED_TIMEOUT") or 120.0)
+    except ValueError:
+        timeout = 120.0
+    try:
+        dist.init_process_group("gloo", init_method="env://", rank=process_id,
+                                world_size=processes,
+                                timeout=datetime.timedelta(seconds=timeout))
+    except Exception as exc:  # torch raises RuntimeError subclasses on timeouts
+        raise Error(f"Options.Distributed: process {process_id} of {processes} could not meet "
+                    f"its peers at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
+                    f"within {timeout:g} s (POPART_DISTRIBUTED_TIMEOUT): {exc}") from exc
 
 
 def _host_array(session, tensor_id: str) -> np.ndarray:

@@ -35,7 +35,10 @@ __all__ = [
 
 _log = logging.getLogger("poptorch_lite")
 
-REPLICATION_ISSUE = 5
+# Process id / count variables read when Distributed is not configured explicitly: the ones
+# setEnvVarNames names, else Open MPI's (PopTorch's default), else torchrun's (lite).
+_MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")
+_TORCHRUN_ENV = ("WORLD_SIZE", "RANK")
 
 
 class OutputMode(enum.IntEnum):
@@ -254,6 +257,11 @@ class _TensorLocations(_Group):
 
 
 class _Distributed(_Group):
+    """Processes of a globally replicated job (P34): each holds ``replicationFactor`` local
+    replicas; the job has ``replicationFactor × numProcesses``. Unless configured, the process
+    id and count come from the environment: the variables ``setEnvVarNames`` names, else Open
+    MPI's ``OMPI_COMM_WORLD_RANK/SIZE``, else torchrun's ``RANK/WORLD_SIZE``; else 1 process."""
+
     _prefix = "Distributed."
 
     def configureProcessId(self, process_id: int, num_processes: int):  # noqa: N802
@@ -266,20 +274,58 @@ class _Distributed(_Group):
         return self._set("numProcesses", num_processes)
 
     def setEnvVarNames(self, var_num_processes: str, var_process_id: str):  # noqa: N802
+        _check_type("Distributed.setEnvVarNames", var_num_processes, str)
+        _check_type("Distributed.setEnvVarNames", var_process_id, str)
         self._set("envNumProcesses", var_num_processes)
         return self._set("envProcessId", var_process_id)
 
     def disable(self):
+        """One process, whatever the environment says."""
         self._set("processId", 0)
         return self._set("numProcesses", 1)
 
+    def _from_env(self) -> tuple[int, int] | None:
+        values = self._root._values
+        names = [(values.get("Distributed.envNumProcesses"),
+                  values.get("Distributed.envProcessId"))]
+        if names[0][0] is None:
+            names = [_MPI_ENV, _TORCHRUN_ENV]
+        for size_var, rank_var in names:
+            size, rank = os.environ.get(size_var), os.environ.get(rank_var)
+            if size is None and rank is None:
+                continue
+            try:
+                size_i, rank_i = int(size if size is not None else 1), int(rank or 0)
+            except ValueError:
+                raise ValueError(f"Options.Distributed: {size_var}={size!r} / {rank_var}="
+                                 f"{rank!r} are not integers.") from None
+            if size_i < 1 or not 0 <= rank_i < size_i:
+                raise ValueError(f"Options.Distributed: {rank_var}={rank_i} is outside [0, "
+                                 f"{size_var}={size_i}).")
+            return rank_i, size_i
+        return None
+
+    def _resolved(self) -> tuple[int, int]:
+        pid, count = self._get("processId"), self._get("numProcesses")
+        if pid is not None:
+            return pid, count
+        return self._from_env() or (0, 1)
+
     @property
     def processId(self) -> int:  # noqa: N802
-        return self._get("processId")
+        return self._resolved()[0]
 
     @property
     def numProcesses(self) -> int:  # noqa: N802
-        return self._get("numProcesses")
+        return self._resolved()[1]
+
+    @property
+    def localProcessId(self) -> int:  # noqa: N802
+        """(lite) This process's index on its host: torchrun's LOCAL_RANK (or Open MPI's)."""
+        for name in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"):
+            if os.environ.get(name, "").isdigit():
+                return int(os.environ[name])
+        return self.processId
 
 
 class _Jit(_Group):
@@ -358,8 +404,10 @@ _DEFAULTS = {
     "Precision.floatingPointExceptions": False,
     "Precision.stochasticRounding": False,
     "TensorLocations.numIOTiles": 0,
-    "Distributed.processId": 0,
-    "Distributed.numProcesses": 1,
+    "Distributed.processId": None,  # None: from the environment (see _Distributed)
+    "Distributed.numProcesses": None,
+    "Distributed.envNumProcesses": None,
+    "Distributed.envProcessId": None,
     "Jit.exporter": "dynamo",
     "_Popart.options": {},
 }
@@ -435,13 +483,14 @@ class Options:
         return self._values["deviceIterations"]
 
     def replicationFactor(self, replication_factor: int):  # noqa: N802
-        """R data-parallel replicas (P22). Only 1 runs until issue #5 builds replication."""
+        """R local data-parallel replicas (P22): each runs the whole model on its own
+        micro-batches; gradients are reduced over all replicas (of all processes) before each
+        optimizer step. The device then has R × (IPUs per replica) IPUs."""
         _positive("replicationFactor", replication_factor)
-        if replication_factor != 1:
-            raise Error(
-                f"Options.replicationFactor({replication_factor}): replicated execution is not "
-                f"built yet (issue #{REPLICATION_ISSUE} adds it). Use replicationFactor(1); "
-                f"deviceIterations or Training.gradientAccumulation give larger batches per call.")
+        group = self._values["inputReplicaGrouping"][0]
+        if replication_factor % group:
+            raise ValueError(f"Options.replicationFactor({replication_factor}): not a multiple "
+                             f"of the input group size {group} (inputReplicaGrouping).")
         return self._set("replicationFactor", replication_factor)
 
     @property
@@ -449,14 +498,27 @@ class Options:
         return self._values["replicationFactor"]
 
     def inputReplicaGrouping(self, input_group_size: int, input_group_type):  # noqa: N802
+        """Replicas in groups of ``input_group_size`` share their input (spec §2.4): the call
+        then carries R / size micro-batches per step, group r feeding replicas r·size ..
+        r·size+size-1 (Consecutive) or r, r + R/size, ... (Orthogonal)."""
         _positive("inputReplicaGrouping", input_group_size)
+        if not isinstance(input_group_type, CommGroupType):
+            raise TypeError(f"Options.inputReplicaGrouping: expected a CommGroupType, got "
+                            f"{input_group_type!r}.")
         if input_group_type is CommGroupType.All:
             raise ValueError("Options.inputReplicaGrouping: CommGroupType.All is not valid for "
                              "inputs; use Consecutive, Orthogonal or NoGrouping.")
+        if input_group_type is CommGroupType.NoGrouping:
+            input_group_size = 1  # every replica its own group
         if self.replication_factor % input_group_size:
             raise ValueError(f"Options.inputReplicaGrouping: group size {input_group_size} does "
                              f"not divide replicationFactor {self.replication_factor}.")
         return self._set("inputReplicaGrouping", (input_group_size, input_group_type))
+
+    @property
+    def input_replicas(self) -> int:
+        """Rin = R / input_group_size: the replica factor of the input's batch dimension."""
+        return self.replication_factor // self._values["inputReplicaGrouping"][0]
 
     def outputMode(self, output_mode, output_return_period=None):  # noqa: N802
         """Which micro-batches' outputs come back (P25, spec §2.4)."""
@@ -671,12 +733,26 @@ class Options:
                 self._values["Training.meanAccumulationAndReplicationReductionStrategy"].name]
         if self._values["enableSyntheticData"]:
             opts.syntheticDataMode = popart.SyntheticDataMode.RandomNormal
+        self._replication_to_backend(opts)
         for key, value in self._values["_Popart.options"].items():
             if not hasattr(opts, key):
                 raise Error(f"Options._Popart.set({key!r}, ...): popart_backend.SessionOptions "
                             f"has no option {key!r}; check the spelling.")
             setattr(opts, key, value)
         return opts
+
+
+    def _replication_to_backend(self, opts: popart.SessionOptions) -> None:
+        """Local replicas, and global replication when several processes run (spec §5.3)."""
+        replicas = self.replication_factor
+        if replicas > 1:
+            opts.enableReplicatedGraphs = True
+            opts.replicatedGraphCount = replicas
+        process_id, processes = self.Distributed._resolved()
+        if processes > 1:
+            opts.enableDistributedReplicatedGraphs = True
+            opts.globalReplicationFactor = replicas * processes
+            opts.globalReplicaOffset = process_id * replicas
 
 
 def _to_plain(value):

@@ -115,7 +115,7 @@ def _path_name(path) -> str:
 
 
 def micro_batch_divisor(options, training: bool) -> int:
-    return options.device_iterations * options.replication_factor * (
+    return options.device_iterations * options.input_replicas * (
         options._values["Training.gradientAccumulation"])
 
 
@@ -123,15 +123,16 @@ def check_combined_batch(signature: InputSignature, options) -> int:
     """Each batched tensor's dim 0 must be a multiple of N·R·G (P24); returns that product."""
     n = options.device_iterations
     r = options.replication_factor
+    group = options._values["inputReplicaGrouping"][0]
     g = options._values["Training.gradientAccumulation"]
-    factor = n * r * g
+    factor = n * options.input_replicas * g
     for leaf in signature.leaves:
         if not leaf.is_tensor or not leaf.shape:
             continue
         if leaf.shape[0] % factor:
             raise Error(
                 f"input {leaf.path}: batch dimension {leaf.shape[0]} is not a multiple of "
-                f"deviceIterations({n}) × replicationFactor({r})/input_group_size(1) × "
+                f"deviceIterations({n}) × replicationFactor({r})/input_group_size({group}) × "
                 f"gradientAccumulation({g}) = {factor}. Each call takes micro-batch × "
                 f"deviceIterations × replicas × gradientAccumulation samples in dim 0 (spec "
                 f"§2.4): pass {factor}·B rows, e.g. with poptorch_lite.DataLoader(options, ...).")
@@ -393,10 +394,7 @@ def _annotate_nodes(proto: onnx.ModelProto, fx_custom: dict, excludes) -> dict[s
         fx_name = _fx_name(meta.get(_FX_NODE_KEY, ""))
         block = fx_custom.get(fx_name, {}).get(blocks.META_KEY)
         if block is not None:
-            _user_id, ipu_id = block
-            if ipu_id is not None:
-                node.attribute.append(helper.make_attribute(IPU_ATTR, int(ipu_id)))
-                node.attribute.append(helper.make_attribute(STAGE_ATTR, int(ipu_id)))
+            blocks.annotate_node(node, block)
     return locations
 
 

@@ -20,10 +20,11 @@ def test_setters_chain_and_check_types():
         opts.outputMode(poptorch.OutputMode.EveryN)
 
 
-def test_replication_not_yet_built_points_to_issue():
-    with pytest.raises(poptorch.Error, match="issue #5"):
-        poptorch.Options().replicationFactor(2)
-    poptorch.Options().replicationFactor(1)
+def test_replication_factor_is_checked():
+    # Replicated runs are tested in test_replication.py.
+    assert poptorch.Options().replicationFactor(2).replication_factor == 2
+    with pytest.raises(ValueError, match=">= 1"):
+        poptorch.Options().replicationFactor(0)
 
 
 def test_frozen_once_used_and_clone_is_editable(mlp):
