@@ -279,6 +279,8 @@ def _tensor_types(schema: onnx.defs.OpSchema, slot) -> tuple[DataType, ...]:
 
 
 def _definition(domain: str, op_type: str, version: int, cls) -> OpDefinition:
+    if getattr(cls, "definition", None) is not None:
+        return cls.definition  # a custom op registered with its own OpDefinition (F88)
     schema = _schema(domain, op_type, version)
     const = _STATIC_SEQUENCE_OPS[op_type] if cls is None else tuple(cls.const_inputs)
     if schema is not None:

@@ -491,3 +491,19 @@ def test_registration_errors_are_clear(tmp_path):
     broken.write_text("raise RuntimeError('boom')\n")
     with pytest.raises(popart.popart_exception, match="boom"):
         popart.loadCustomOpModule(broken)
+
+
+def test_supported_operations_definition_reports_a_custom_definition():
+    """F81, F88: the OpDefinition given at registration is what the backend reports."""
+    definition = popart.OpDefinition(
+        inputs=[("input", ["FLOAT"])], outputs=[("output", ["FLOAT"])], attributes={"k": "*"})
+
+    @register_op(opid("Described"), definition=definition)
+    class Described(Unary):
+        def compute(self, ctx, x):
+            return x
+
+    defs = popart.getSupportedOperationsDefinition(True)
+    (key,) = [k for k in defs if k.domain == DOMAIN and k.type == "Described"]
+    got = defs[key]
+    assert [i.name for i in got.inputs] == ["input"] and list(got.attributes) == ["k"]
