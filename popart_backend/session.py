@@ -311,6 +311,10 @@ class SessionBase:
             a.id: np.zeros(a.host_shape, dtype=a.info.dtype.numpy) for a in self._program.anchors
         }
 
+    def getIr(self) -> Ir:  # noqa: N802 - PopART's name
+        """The session's IR after its passes (for training: forward, backward, optimizer)."""
+        return self._ir
+
     def getInfo(self, id: str) -> TensorInfo:  # noqa: N802,A002 - PopART's names
         tensors = self._ir.main.tensors
         if id not in tensors:
@@ -605,10 +609,6 @@ class TrainingSession(SessionBase):
             f"Pass the id of the final (reduced) loss, e.g. the output of "
             f"builder.aiGraphcore.l1loss(...); the graph outputs are {outputs}."
         )
-
-    def getIr(self) -> Ir:  # noqa: N802 - PopART's name
-        """The session's IR after the training passes (forward, backward, optimizer)."""
-        return self._ir
 
     def updateOptimizerFromHost(self, optimizer) -> None:  # noqa: N802
         """Replace the optimizer's non-const values; the next ``run()`` uses them (F38).

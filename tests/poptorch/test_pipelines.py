@@ -58,7 +58,7 @@ def _sgd(params):
 def _stages(wrapper) -> set[int]:
     """Pipeline stages of the compiled backend graph (forward and backward)."""
     session = wrapper._active.session
-    ir = session.getIr() if hasattr(session, "getIr") else session._ir  # inference: no getIr
+    ir = session.getIr()
     return {op.settings.pipeline_stage for op in ir.main.ops.values()
             if op.settings.pipeline_stage is not None}
 
