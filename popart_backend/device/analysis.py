@@ -22,7 +22,7 @@ from ..transforms.tensor_locations import (
     output_locations_from_model,
     resolve_tensor_locations,
 )
-from .cost import BatchInfo, CycleResult, HostIO, HostStream, compute_cycles
+from .cost import BatchInfo, CycleResult, HostIO, HostStream, PipelineInfo, compute_cycles
 from .memory import IoBuffer, MemoryResult, check_fits, compute_memory, storage_roots
 from .spec import IpuSpec
 
@@ -127,7 +127,11 @@ def analyse(ir: Ir, order: Sequence[Op], device_info, options=None,
     # IPUs are reported as far as ops are placed on them (replicas are identical).
     memory = compute_memory(ir.main, order, spec, keep=keep, off_chip=off_chip,
                             io_tile_buffers=on_io, num_io_tiles=num_io_tiles, io_streams=buffers)
-    cycles = compute_cycles(ir.main, order, spec, batch, io, off_chip)
+    # A pipelined program is timed by its cycle table, with the device's SyncPattern deciding
+    # which IPUs wait for host transfers.
+    pipeline = (PipelineInfo.from_program(program, getattr(device_info, "syncPattern", None))
+                if program is not None else None)
+    cycles = compute_cycles(ir.main, order, spec, batch, io, off_chip, pipeline)
     name = f"{device_info.type.name} {spec.name} x{device_info.numIpus}"
     return DeviceModel(spec=spec, device=name, memory=memory, cycles=cycles,
                        locations=locations, io=io)

@@ -27,6 +27,13 @@ and the prefetched next one), 3 for OverlapLoops (also the first micro-batch of 
 iteration, prefetched across the outer loop boundary). Off-chip tensors loaded and stored on
 ``TileSet.IO`` keep their transient buffers there too.
 
+Recomputation (spec §5.2): a recompute clone (``RecomputeType.Recomputed``) exists so that the
+forward activation it replaces need not stay live across the gap between the forward and the
+backward pass. Its own output must then be live only from where it is recomputed to its readers,
+so the liveness walk uses ``recompute_late_order``: the schedule with every clone moved as late
+as it can go, just before its first reader. The executed schedule is not changed; this is the
+order a memory-aware scheduler would pick, and it never moves a non-clone op.
+
 Tile mapping: each tensor is mapped linearly over its tile set in pieces of
 ``ceil(bytes / tiles)`` rounded up to ``tile_grain_bytes`` (the last piece takes the rest),
 starting where the previous tensor of that IPU ended, so small tensors spread round the chip
@@ -46,14 +53,14 @@ import numpy as np
 
 from ..errors import OutOfMemoryException, popart_internal_exception
 from ..ir.graph import Graph
-from ..ir.op import ExecutionContext, Op
+from ..ir.op import ExecutionContext, Op, RecomputeType
 from ..ir.tensor import Tensor, TensorKind, TensorRole
 from .spec import IpuSpec
 
 __all__ = [
     "CATEGORIES", "IO_BUFFERS", "REMOTE_BUFFERS", "IoBuffer", "IpuMemory", "MemoryResult",
     "TensorMemory", "check_fits", "compute_memory", "format_bytes", "memory_summary",
-    "storage_roots",
+    "recompute_late_order", "storage_roots",
 ]
 
 _ROLE_CATEGORY = {
@@ -235,6 +242,7 @@ def compute_memory(graph: Graph, order: Sequence[Op], spec: IpuSpec,
     keep = set(keep) | set(graph.outputs)
     off_chip = set(off_chip)
     on_io = set(io_tile_buffers)
+    order = recompute_late_order(order)
     position = {op.id: i for i, op in enumerate(order)}
     last = len(order) - 1
     root = _storage_roots(order)
@@ -342,6 +350,45 @@ def _category(tensor: Tensor) -> str | None:
     if tensor.kind is TensorKind.STREAM:
         return "streams" if tensor.consumers else None
     return "activations" if tensor.producer is not None else None
+
+
+def recompute_late_order(order: Sequence[Op]) -> list[Op]:
+    """``order`` with each recompute clone moved just before its first reader (a clone read by
+    another clone goes just before that one). Other ops keep their relative order, so the result
+    is a valid schedule whenever ``order`` is. Clones no op reads stay where they are."""
+    ops = list(order)
+    is_clone = {op.id: op.settings.recompute is RecomputeType.Recomputed for op in ops}
+    if not any(is_clone.values()):
+        return ops
+    position = {op.id: i for i, op in enumerate(ops)}
+    anchor: dict[int, Op] = {}  # clone id -> the non-moving op it is placed before
+    before: dict[int, list[Op]] = {}  # anchor id -> the clones just before it, in order
+    for op in reversed(ops):
+        if not is_clone[op.id]:
+            continue
+        readers = {r.id: r for t in op.outputs if t is not None for r in t.consumers
+                   if r.id in position}
+        if not readers:
+            continue  # nothing to move before: it keeps its place
+
+        def final_rank(r: Op) -> tuple[int, int]:
+            # Where ``r`` ends up: its own position, or (for a moved clone) its anchor's.
+            a = anchor.get(r.id, r)
+            group = before.get(a.id, [])
+            return position[a.id], group.index(r) if r is not a else len(group)
+
+        first = min(readers.values(), key=final_rank)
+        a = anchor.get(first.id, first)
+        group = before.setdefault(a.id, [])
+        group.insert(group.index(first) if first is not a else len(group), op)
+        anchor[op.id] = a
+    out: list[Op] = []
+    for op in ops:
+        if op.id in anchor:
+            continue
+        out.extend(before.get(op.id, ()))
+        out.append(op)
+    return out
 
 
 def _storage_roots(order: Sequence[Op]) -> dict[str, str]:

@@ -19,6 +19,32 @@ from .trace import chrome_trace
 __all__ = ["Report"]
 
 
+def _pipeline(p) -> dict | None:
+    """The cycle table of one pipeline run (``device.cost.PipelineCycles``), None unpipelined."""
+    if p is None:
+        return None
+    info = p.info
+    return {
+        "stages": info.num_stages, "depth": info.depth, "runsPerStep": info.runs_per_step,
+        "syncPattern": info.sync_pattern,
+        "fillCycles": p.fill_count, "mainCycles": p.main_count, "flushCycles": p.flush_count,
+        "fillCycleTotal": p.fill_cycles, "mainCycleTotal": p.main_cycles,
+        "flushCycleTotal": p.flush_cycles, "cyclesPerRun": p.run_cycles,
+        "cycleTime": p.cycle_time,
+        "stageList": [
+            {"stage": s, "ipu": p.stage_ipu[s], "computeCycles": p.stage_cycles[s],
+             "copyCycles": p.copy_cycles[s], "hostInputCycles": p.host_input_cycles[s]}
+            for s in range(info.num_stages)
+        ],
+        "cycles": [
+            {"index": cy.index, "phase": cy.phase, "stages": list(cy.stages),
+             "cycles": cy.cycles, "busy": {str(i): n for i, n in cy.busy.items()},
+             "host": {str(i): n for i, n in cy.host.items() if n}}
+            for cy in p.cycles
+        ],
+    }
+
+
 class Report:
     """The profile of one session: ``compilation`` (memory) and ``execution`` (cycles)."""
 
@@ -61,6 +87,7 @@ class Report:
         """Cycles: per step, per op (one execution each), throughput and the runs so far."""
         c = self.model.cycles
         b = c.batch
+        ops, use = c.ipu_cycles(), c.ipu_utilisation()
         return {
             "runs": self.runs,
             "cyclesPerStep": c.step_cycles,
@@ -74,10 +101,18 @@ class Report:
                       "samplesPerMicroBatch": b.samples_per_micro_batch},
             "hostInputCyclesPerMicroBatch": c.host_input_cycles,
             "hostAnchorCyclesPerStep": c.host_anchor_cycles,
+            "outerCyclesPerWeightUpdate": c.outer_cycles,
+            "ipus": [
+                {"ipu": i, "busyCycles": busy, "opCycles": ops.get(i, 0),
+                 "utilisation": use[i]}
+                for i, busy in c.ipu_busy_cycles().items()
+            ],
+            "pipeline": _pipeline(c.pipeline),
             "ops": [
                 {"position": o.position, "name": o.name, "type": o.op_type, "ipu": o.ipu,
-                 "context": o.context.name, "flops": o.flops, "bytes": o.bytes_moved,
-                 "exchangeBytes": o.exchange_bytes, "cycles": o.cycles}
+                 "context": o.context.name, "stage": o.stage, "flops": o.flops,
+                 "bytes": o.bytes_moved, "exchangeBytes": o.exchange_bytes,
+                 "collectiveCycles": o.collective_cycles, "cycles": o.cycles}
                 for o in c.ops
             ],
             "links": [
