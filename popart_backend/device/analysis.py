@@ -22,7 +22,15 @@ from ..transforms.tensor_locations import (
     output_locations_from_model,
     resolve_tensor_locations,
 )
-from .cost import BatchInfo, CycleResult, HostIO, HostStream, PipelineInfo, compute_cycles
+from .cost import (
+    BatchInfo,
+    CycleResult,
+    HostIO,
+    HostStream,
+    PipelineInfo,
+    collective_replicas,
+    compute_cycles,
+)
 from .memory import IoBuffer, MemoryResult, check_fits, compute_memory, storage_roots
 from .spec import IpuSpec
 
@@ -53,11 +61,16 @@ class DeviceModel:
         check_fits(self.memory, summary_report)
 
     def cycle_count(self, id: str = "") -> int:  # noqa: A002 - PopART's argument name
-        """Cycles of one ``run()`` (F56). ``id`` "" is the whole program; "ipu<N>" is the
-        compute cycles of IPU N within it."""
+        """Cycles of one ``run()`` (F56). ``id`` "" is the whole program (the step). "ipu<N>"
+        is the cycles IPU N is busy within the step: its ops (compute, exchange, syncs,
+        collectives), the IPU-Link copies it sends or receives and the streaming-memory
+        transfers of its tensors; not its waits for other IPUs or the host. On one IPU that is
+        its op and remote-transfer cycles. In a sharded program the IPUs take turns, so their
+        counts add up to about the step (a copy counts on both ends); in a pipelined one they
+        overlap, following the cycle table (``CycleResult.ipu_busy_cycles``)."""
         if id == "":
             return self.cycles.step_cycles
-        busy = self.cycles.ipu_cycles()
+        busy = self.cycles.ipu_busy_cycles()
         if id.startswith("ipu") and id[3:].isdigit() and int(id[3:]) in busy:
             return busy[int(id[3:])]
         known = ", ".join(['""'] + [f'"ipu{i}"' for i in sorted(busy)])
@@ -131,7 +144,9 @@ def analyse(ir: Ir, order: Sequence[Op], device_info, options=None,
     # which IPUs wait for host transfers.
     pipeline = (PipelineInfo.from_program(program, getattr(device_info, "syncPattern", None))
                 if program is not None else None)
-    cycles = compute_cycles(ir.main, order, spec, batch, io, off_chip, pipeline)
+    # Collectives span every replica of every process under global replication.
+    replicas = collective_replicas(options, batch.replication_factor)
+    cycles = compute_cycles(ir.main, order, spec, batch, io, off_chip, pipeline, replicas)
     name = f"{device_info.type.name} {spec.name} x{device_info.numIpus}"
     return DeviceModel(spec=spec, device=name, memory=memory, cycles=cycles,
                        locations=locations, io=io)

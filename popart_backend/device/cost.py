@@ -32,7 +32,9 @@ IPUs, no pipelining) is serial too: one IPU works while the others wait for its 
 Replicas run in parallel on their own IPUs, so they do not lengthen the step; their collectives
 (``ReplicatedAllReduce`` and the sharding collectives) cross the IPU-Links as a ring: an
 all-reduce over a group of k replicas moves 2(k−1)/k of the tensor's bytes through each IPU's
-links, a reduce-scatter or all-gather (k−1)/k of the whole tensor, plus one IPU sync.
+links, a reduce-scatter or all-gather (k−1)/k of the whole tensor, plus one IPU sync. The groups
+are drawn from all replicas of all processes under global replication (spec §5.3:
+``globalReplicationFactor``), since a collective reduces over every instance's replicas.
 
 A pipelined program (spec §5.1) is timed as the simulator runs it. One pipeline run has
 G + P − 1 cycles (G = depth, P = stages counting forward and backward ones): P − 1 fill cycles,
@@ -77,7 +79,7 @@ from .spec import IpuSpec
 __all__ = [
     "BatchInfo", "CycleResult", "HostIO", "HostStream", "LinkTransfer", "OpCycles", "OverlapIO",
     "PipelineCycle", "PipelineCycles", "PipelineInfo", "RemoteTransfer", "collective_cycles",
-    "compute_cycles", "host_sync_ipus", "op_cycles", "overlap_io",
+    "collective_replicas", "compute_cycles", "host_sync_ipus", "op_cycles", "overlap_io",
 ]
 
 _OVERLAP = (ExchangeStrategy.OverlapInnerLoop, ExchangeStrategy.OverlapLoops)
@@ -406,7 +408,8 @@ class CycleResult:
 
     def ipu_cycles(self) -> dict[int, int]:
         """Op cycles per IPU for one step (compute, exchange, syncs and collectives of its ops;
-        ``getCycleCount("ipu<N>")``)."""
+        ``getCycleCount("ipu<N>")`` is ``ipu_busy_cycles``, which adds copies and remote
+        transfers)."""
         runs = self._runs()
         busy: dict[int, int] = {}
         for o in self.ops:
@@ -416,7 +419,7 @@ class CycleResult:
     def ipu_busy_cycles(self) -> dict[int, int]:
         """Cycles per IPU in one step when it is not waiting: its ops, the IPU-Link copies it
         sends or receives, and the remote transfers of its tensors (host transfers and the
-        waits for other IPUs are not counted)."""
+        waits for other IPUs are not counted; ``getCycleCount("ipu<N>")``)."""
         runs = self._runs()
         # A pipelined Normal fragment is counted by the cycle table (copies without their own
         # sync: the cycle's sync covers them).
@@ -545,18 +548,33 @@ def _host_transfer_cycles(num_bytes: int, spec: IpuSpec) -> int:
             + spec.ipu_sync_latency_cycles)
 
 
+def collective_replicas(options, local: int) -> int:
+    """The replicas a collective's groups are drawn from: with global replication
+    (``enableDistributedReplicatedGraphs``) all replicas of all processes
+    (``globalReplicationFactor``), else the ``local`` replicas of this process. ``options``:
+    SessionOptions or None."""
+    if options is not None and options.enableDistributedReplicatedGraphs:
+        return max(local, options.globalReplicationFactor)
+    return local
+
+
 def compute_cycles(graph: Graph, order: Sequence[Op], spec: IpuSpec,
                    batch: BatchInfo | None = None, io: HostIO | None = None,
                    off_chip: Iterable[str] = (),
-                   pipeline: PipelineInfo | None = None) -> CycleResult:
+                   pipeline: PipelineInfo | None = None,
+                   replicas: int | None = None) -> CycleResult:
     """Per-op and per-step cycles of ``graph`` run in ``order`` (one replica).
 
     ``io``: the host streams with their tile sets and exchange strategies and the IO tiles per
     IPU; None means every stream is JustInTime on the compute tiles, with the stream bytes of
     ``batch``. ``off_chip``: tensors in streaming memory (storage roots). ``pipeline``: the
-    stages and depth of a pipelined program, whose step follows its cycle table.
+    stages and depth of a pipelined program, whose step follows its cycle table. ``replicas``:
+    the replicas collectives span (``collective_replicas``; default the batch's local
+    replication factor).
     """
     batch = batch or BatchInfo()
+    if replicas is None:
+        replicas = batch.replication_factor
     result = CycleResult(spec, batch)
     compute_spec = _with_tiles(spec, spec.num_tiles - (io.num_io_tiles if io else 0))
     copied: set[tuple[str, int]] = set()
@@ -574,7 +592,7 @@ def compute_cycles(graph: Graph, order: Sequence[Op], spec: IpuSpec,
                     spec.ipu_sync_latency_cycles,
                     _normal_stage(t.producer),
                 ))
-        result.ops.append(op_cycles(op, compute_spec, position, batch.replication_factor))
+        result.ops.append(op_cycles(op, compute_spec, position, replicas))
     result.remote = _remote_transfers(graph, order, spec, set(off_chip))
     if io is None:
         io = HostIO(streams=(

@@ -4,7 +4,8 @@ F55; issue #6 item 6).
 The plots are drawn by matplotlib into SVG and inlined in the page, so it needs no network,
 no script and no file beside it: memory per IPU by category (stacked bars), memory per tile of
 each IPU, live activation bytes over the schedule, and the timeline of one step per IPU (the
-spans of the Chrome trace, report/trace.py). Tables give the summary numbers and the largest
+spans of the Chrome trace, report/trace.py: a pipelined step shows its cycle table, each IPU's
+stages, copies and syncs per cycle). Tables give the summary numbers and the largest
 tensors; the summary text of ``getSummaryReport()`` closes the page.
 
 matplotlib is imported here only, when a page is written, so importing ``popart_backend``
@@ -25,14 +26,15 @@ from ..device.memory import CATEGORIES, IpuMemory, format_bytes
 from .summary import summary_text
 from .trace import HOST_TRACK, LINK_TRACK, chrome_trace
 
-__all__ = ["html_report", "live_bytes_curve", "write_html"]
+__all__ = ["html_report", "live_bytes_curve", "timeline_spans", "write_html"]
 
 # One colour per memory category (by its place in CATEGORIES, so a new category gets one too)
 # and per timeline span kind, stable across plots.
 _PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
             "#ff9da7", "#9c755f", "#bab0ac", "#86bcb6", "#d37295", "#8cd17d", "#b6992d",
             "#499894", "#79706e")
-_SPAN_COLOURS = {"op": "#4e79a7", "fragment": "#a0cbe8", "link": "#f28e2b", "host": "#59a14f"}
+_SPAN_COLOURS = {"op": "#4e79a7", "stage": "#76b7b2", "fragment": "#a0cbe8", "link": "#f28e2b",
+                 "copy": "#ffbe7d", "host": "#59a14f", "sync": "#bab0ac"}
 # A limit line (capacity, tile SRAM) is drawn only when it is within this factor of the data,
 # so a nearly empty IPU's bars are not squashed to the axis; the title gives the figure instead.
 _LIMIT_SCALE = 4.0
@@ -209,15 +211,22 @@ def _liveness(model: DeviceModel) -> str:
     return _to_svg(fig)
 
 
-def _timeline(model: DeviceModel) -> str:
-    trace = chrome_trace(model)
+def timeline_spans(model: DeviceModel) -> tuple[dict[int, str],
+                                                 dict[int, dict[str, list[tuple[float, float]]]]]:
+    """The spans the timeline plot draws, from the Chrome trace of ``model`` (report/trace.py):
+    (track id -> track name, track id -> span category -> [(start µs, length µs)])."""
     names: dict[int, str] = {}
     spans: dict[int, dict[str, list[tuple[float, float]]]] = {}
-    for e in trace["traceEvents"]:
+    for e in chrome_trace(model)["traceEvents"]:
         if e["ph"] == "M" and e["name"] == "thread_name":
             names[e["tid"]] = e["args"]["name"]
         elif e["ph"] == "X":
             spans.setdefault(e["tid"], {}).setdefault(e["cat"], []).append((e["ts"], e["dur"]))
+    return names, spans
+
+
+def _timeline(model: DeviceModel) -> str:
+    names, spans = timeline_spans(model)
     ipus = sorted(t for t in spans if t not in (HOST_TRACK, LINK_TRACK))
     tracks = [t for t in (HOST_TRACK, LINK_TRACK) if t in spans] + ipus
     fig = _new_figure(7.5, 1.2 + 0.45 * max(1, len(tracks)))
@@ -234,8 +243,14 @@ def _timeline(model: DeviceModel) -> str:
     ax.invert_yaxis()
     ax.set_xlabel("simulated time (µs)")
     c = model.cycles
-    ax.set_title(f"One step: {c.step_cycles} cycles ({c.step_seconds * 1e6:.2f} µs); first "
-                 f"micro-batch op by op, later ones as blocks", fontsize=9)
+    if c.pipeline is not None:
+        p = c.pipeline
+        how = (f"pipeline cycle table ({p.fill_count} fill + {p.main_count} main + "
+               f"{p.flush_count} flush per run): each IPU's stages, copies and the sync")
+    else:
+        how = "first micro-batch op by op, later ones as blocks"
+    ax.set_title(f"One step: {c.step_cycles} cycles ({c.step_seconds * 1e6:.2f} µs)\n{how}",
+                 fontsize=9)
     if used:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _to_svg(fig)
