@@ -572,6 +572,33 @@ class LRN(Op):
         _, moved = super().cost()
         return (self.attrs.size + 4) * self.inputs[0].info.nelms, moved
 
+    def grad(self, g):
+        at = self.attrs
+        g.set_input_grad(0, g.op("LRNGrad", g.output_grad(0), g.input(0), domain=AI_GRAPHCORE,
+                                 size=at.size, alpha=at.alpha, beta=at.beta, bias=at.bias))
+
+
+@register_op("LRNGrad", versions=1, domain=AI_GRAPHCORE)
+class LRNGrad(LRN):
+    """dX = dY * d^-beta - 2 beta alpha / size * X * (window-transposed sum of dY X d^(-beta-1)),
+    with d = bias + alpha / size * (window sum of X^2)."""
+
+    grad = Op.grad  # no second derivative
+
+    def infer(self, dy, x):
+        LRN.infer(self, x)
+        lo, hi = self._pad[2], self._pad[3]
+        self._pad_t = (0, 0, hi, lo)  # channel c' contributes to j when j is in window(c')
+        return x
+
+    def kernel(self, dy, x):
+        at = self.attrs
+        sq = F.pad((x * x).reshape(self._planes), self._pad)
+        d = F.avg_pool2d(sq, (at.size, 1), stride=1).reshape(x.shape).mul_(at.alpha).add_(at.bias)
+        t = (dy * x * d.pow(-at.beta - 1.0)).reshape(self._planes)
+        back = F.avg_pool2d(F.pad(t, self._pad_t), (at.size, 1), stride=1).reshape(x.shape)
+        return dy * d.pow(-at.beta) - (2.0 * at.beta * at.alpha) * x * back
+
 
 @register_op("MeanVarianceNormalization", versions=(9, 13))
 class MeanVarianceNormalization(_Normalization):
@@ -588,4 +615,31 @@ class MeanVarianceNormalization(_Normalization):
     def kernel(self, x):
         var, mean = torch.var_mean(x, self._axes, correction=0, keepdim=True)
         return (x - mean).div_(var.sqrt_().add_(1e-9))
+
+    def grad(self, g):
+        g.set_input_grad(0, g.op("MeanVarianceNormalizationGrad", g.output_grad(0), g.input(0),
+                                 domain=AI_GRAPHCORE, axes=self._axes))
+
+
+@register_op("MeanVarianceNormalizationGrad", versions=1, domain=AI_GRAPHCORE)
+class MeanVarianceNormalizationGrad(MeanVarianceNormalization):
+    """With k = 1 / (sigma + 1e-9) and xc = X - mean over ``axes`` (n elements):
+    dX = k (dY - mean(dY)) - k^2 sum(dY xc) xc / (n sigma); 0 where sigma = 0."""
+
+    grad = Op.grad  # no second derivative
+
+    def infer(self, dy, x):
+        MeanVarianceNormalization.infer(self, x)
+        self._count = math.prod(x.shape[a] for a in self._axes)
+        return x
+
+    def kernel(self, dy, x):
+        axes = self._axes
+        var, mean = torch.var_mean(x, axes, correction=0, keepdim=True)
+        sigma = var.sqrt()
+        k = 1.0 / (sigma + 1e-9)
+        xc = x - mean
+        term = (dy * xc).sum(axes, keepdim=True) * k * k / (self._count * sigma)
+        dx = k * (dy - dy.mean(axes, keepdim=True)) - term * xc
+        return torch.where(sigma > 0, dx, torch.zeros_like(dx))
 
