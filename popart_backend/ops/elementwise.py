@@ -202,11 +202,19 @@ class ModArg1Grad(Op):
 
 @register_op("Sum", versions=(6, 8, 13))
 class Sum(VariadicOp):
+    def infer(self, *xs):
+        info = super().infer(*xs)
+        self._out_shape = torch.Size(info.shape)
+        return info
+
     def kernel(self, *xs):
-        out = xs[0]
-        for x in xs[1:]:
-            out = torch.add(out, x)
-        return out.clone() if len(xs) == 1 else out
+        if len(xs) == 1:
+            return xs[0].clone()
+        out = torch.add(xs[0], xs[1])
+        for x in xs[2:]:
+            # Accumulate into the fresh result when broadcasting does not grow it.
+            out = out.add_(x) if out.shape == self._out_shape else torch.add(out, x)
+        return out
 
     def grad(self, g):
         dy = g.output_grad(0)

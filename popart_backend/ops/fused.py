@@ -7,6 +7,11 @@ saves kernel launches, temporaries and the Python overhead of each step.
 
 Shape inference of a fused op is the shape of the chain it replaced: the pass passes it in, and
 ``infer()`` re-checks that the inputs are still the ones the pass saw.
+
+LinearBias, Gelu, LayerNorm and Attention have gradients, so the training pass list runs their
+fusions before autodiff. Their grad ops live in the same internal domain, right below their
+forward op, and compute what torch's own backward of the fused call computes (``addmm``'s,
+``gelu_backward``, the native layer-norm backward, the CPU flash-attention backward).
 """
 
 from __future__ import annotations
@@ -16,10 +21,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..errors import ShapeError
+from ..errors import ShapeError, popart_exception
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
-from .registry import register_op
+from .registry import AI_GRAPHCORE, register_op
 
 FUSED_DOMAIN = "popart.fused"
 
@@ -75,6 +80,83 @@ class LinearBias(FusedOp):
         y = F.linear(x, w if self._transposed else w.t(), b)
         return torch.relu_(y) if self._relu else y
 
+    def cost(self) -> tuple[int, int]:
+        _, moved = super().cost()
+        return 2 * self._out.nelms * self._expected_inputs[0].shape[-1], moved
+
+    def grad(self, g):
+        dy = g.output_grad(0)
+        if self._relu:
+            # The output is ReLU's: positive exactly where the pre-activation was.
+            dy = g.op("ReluGrad", dy, g.output(0), domain=AI_GRAPHCORE)
+        t = self.attrs.transposed_weight
+        if g.needs_input_grad(0):
+            g.set_input_grad(0, g.op("LinearBiasInputGrad", dy, g.input(1), domain=FUSED_DOMAIN,
+                                     transposed_weight=t))
+        if g.needs_input_grad(1):
+            g.set_input_grad(1, g.op("LinearBiasWeightGrad", dy, g.input(0),
+                                     domain=FUSED_DOMAIN, transposed_weight=t))
+        if g.has_input(2) and g.needs_input_grad(2):
+            g.set_input_grad(2, g.op("LinearBiasBiasGrad", dy, domain=FUSED_DOMAIN))
+
+
+class _LinearGrad(Op):
+    """Shared by LinearBias's grads: dY [..., N] folded to rows [M, N] (a view when contiguous)."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        transposed_weight: int = 0
+
+    def rows(self, t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(-1, t.shape[-1])
+
+
+@register_op("LinearBiasInputGrad", versions=(1,), domain=FUSED_DOMAIN)
+class LinearBiasInputGrad(_LinearGrad):
+    """dX = dY @ W^T for W [K, N] (dY @ W for a transposed [N, K] weight): one mm."""
+
+    def infer(self, dy, w):
+        k = w.shape[1] if self.attrs.transposed_weight else w.shape[0]
+        self._shape = dy.shape[:-1] + (k,)
+        self._flops = 2 * dy.nelms * k
+        return TensorInfo(dy.dtype, self._shape)
+
+    def kernel(self, dy, w):
+        return torch.mm(self.rows(dy), w if self.attrs.transposed_weight else w.t()).reshape(
+            self._shape)
+
+    def cost(self) -> tuple[int, int]:
+        return self._flops, super().cost()[1]
+
+
+@register_op("LinearBiasWeightGrad", versions=(1,), domain=FUSED_DOMAIN)
+class LinearBiasWeightGrad(_LinearGrad):
+    """dW = X^T @ dY as [K, N] (dY^T @ X as [N, K] for a transposed weight), the batch dims
+    folded into the rows: one mm, written in the weight's own layout."""
+
+    def infer(self, dy, x):
+        k, n = x.shape[-1], dy.shape[-1]
+        self._flops = 2 * dy.nelms * k
+        return TensorInfo(dy.dtype, (n, k) if self.attrs.transposed_weight else (k, n))
+
+    def kernel(self, dy, x):
+        dy, x = self.rows(dy), self.rows(x)
+        return torch.mm(dy.t(), x) if self.attrs.transposed_weight else torch.mm(x.t(), dy)
+
+    def cost(self) -> tuple[int, int]:
+        return self._flops, super().cost()[1]
+
+
+@register_op("LinearBiasBiasGrad", versions=(1,), domain=FUSED_DOMAIN)
+class LinearBiasBiasGrad(_LinearGrad):
+    """dB = dY summed over every dim but the last."""
+
+    def infer(self, dy):
+        return TensorInfo(dy.dtype, dy.shape[-1:])
+
+    def kernel(self, dy):
+        return self.rows(dy).sum(0)
+
 
 @register_op("ConvBiasAct", versions=(1,), domain=FUSED_DOMAIN)
 class ConvBiasAct(FusedOp):
@@ -111,22 +193,83 @@ class Gelu(FusedOp):
     def kernel(self, x):
         return F.gelu(x, approximate=self.attrs.approximate)
 
+    def grad(self, g):
+        g.set_input_grad(0, g.op("GeluGrad", g.output_grad(0), g.input(0), domain=FUSED_DOMAIN,
+                                 approximate=self.attrs.approximate))
+
+
+@register_op("GeluGrad", versions=(1,), domain=FUSED_DOMAIN)
+class GeluGrad(Op):
+    """dX = dY * d gelu(x)/dx, by torch's own formula (exact or tanh)."""
+
+    Attrs = Gelu.Attrs
+
+    def infer(self, dy, x):
+        return dy
+
+    def kernel(self, dy, x):
+        return torch.ops.aten.gelu_backward(dy, x, approximate=self.attrs.approximate)
+
 
 @register_op("LayerNorm", versions=(1,), domain=FUSED_DOMAIN)
 class LayerNorm(FusedOp):
-    """Y = (X - mean) / sqrt(var + eps) * scale + bias over the trailing ``num_axes`` dims."""
+    """Y = (X - mean) / sqrt(var + eps) * scale + bias over the trailing ``num_axes`` dims.
+
+    With ``save_stats`` (made by the training fusion) the op also outputs the mean and the
+    reciprocal standard deviation (shape of X with the normalized dims kept as 1) for
+    LayerNormGrad, torch's native layer-norm backward.
+    """
 
     @dataclass(frozen=True)
     class Attrs:
         epsilon: float = 1e-5
         num_axes: int = 1
+        save_stats: int = 0
 
     def __init__(self, attrs, settings, input_infos, out):
         super().__init__(attrs, settings, input_infos, out)
         self._shape = out.shape[len(out.shape) - attrs.num_axes :]
+        if attrs.save_stats:
+            stats = out.with_shape(out.shape[: len(out.shape) - attrs.num_axes]
+                                   + (1,) * attrs.num_axes)
+            self._out = [out, stats, stats]
 
     def kernel(self, x, scale=None, bias=None):
+        if self.attrs.save_stats:
+            return torch.native_layer_norm(x, self._shape, scale, bias, self.attrs.epsilon)
         return F.layer_norm(x, self._shape, scale, bias, self.attrs.epsilon)
+
+    def grad(self, g):
+        if not self.attrs.save_stats:
+            raise popart_exception(
+                f"{self.debug_name}: this layer norm was fused for inference (no saved "
+                f"statistics); the training fusion sets save_stats=1.")
+        grads = g.op("LayerNormGrad", g.output_grad(0), g.input(0), g.input(1), g.input(2),
+                     g.output(1), g.output(2), domain=FUSED_DOMAIN, num_outputs=3,
+                     num_axes=self.attrs.num_axes)
+        for index, grad in enumerate(grads):
+            g.set_input_grad(index, grad)
+
+
+@register_op("LayerNormGrad", versions=(1,), domain=FUSED_DOMAIN)
+class LayerNormGrad(Op):
+    """(dX, dScale, dBias) of LayerNorm from dY, its inputs and the saved mean and 1/std."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        num_axes: int = 1
+
+    def infer(self, dy, x, scale, bias, mean, rstd):
+        if scale is None or bias is None:
+            raise ShapeError(
+                f"{self.debug_name}: needs the scale and bias inputs; the training fusion "
+                f"fuses only layer norms that have both.")
+        self._shape = x.shape[len(x.shape) - self.attrs.num_axes :]
+        return [x, scale, bias]
+
+    def kernel(self, dy, x, scale, bias, mean, rstd):
+        return torch.ops.aten.native_layer_norm_backward(
+            dy, x, self._shape, mean, rstd, scale, bias, [True, True, True])
 
 
 @register_op("Attention", versions=(1,), domain=FUSED_DOMAIN)
@@ -137,14 +280,90 @@ class Attention(FusedOp):
     a transposed view hands it to torch. Rows whose scores are all -inf give zeros, as the
     exporters' ``Where(IsNaN(p), 0, p)`` guard does (the pass requires that guard or a finite
     constant mask).
+
+    With ``save_stats`` (made by the training fusion) the op also outputs the row-wise
+    log-sum-exp of the scores, f32 [B, H, L], computed by torch's CPU flash-attention kernel;
+    AttentionGrad reads it instead of recomputing the softmax.
     """
+
+    uses_amp = True
+
+    @dataclass(frozen=True)
+    class Attrs:
+        scale: float = 1.0
+        key_transposed: int = 1
+        save_stats: int = 0
+
+    def __init__(self, attrs, settings, input_infos, out):
+        super().__init__(attrs, settings, input_infos, out)
+        if attrs.save_stats:
+            self._out = [out, TensorInfo(out.dtype, out.shape[:-1])]
+
+    def kernel(self, q, k, v, mask=None):
+        if self.attrs.key_transposed:
+            k = k.transpose(-1, -2)
+        if not self.attrs.save_stats:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                  scale=self.attrs.scale)
+        q, k, v, mask = _unit_stride(q, k, v, mask)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=mask, scale=self.attrs.scale)
+
+    def cost(self) -> tuple[int, int]:
+        # Two products of 2·L·S·E each (scores, then the weighted sum of V).
+        q, v = self._expected_inputs[0], self._expected_inputs[2]
+        _, moved = super().cost()
+        return 4 * q.nelms * v.shape[-2], moved
+
+    def grad(self, g):
+        if len(self.inputs) > 3 and g.needs_input_grad(3):
+            raise popart_exception(
+                f"{self.debug_name}: the attention mask '{g.input(3)}' needs a gradient, which "
+                f"the fused op does not compute. Run the training passes without fusing this "
+                f"attention (a mask computed from weights is not fused).")
+        if not self.attrs.save_stats:
+            raise popart_exception(
+                f"{self.debug_name}: this attention was fused for inference (no saved "
+                f"log-sum-exp); the training fusion sets save_stats=1.")
+        mask = g.input(3) if g.has_input(3) else None
+        grads = g.op("AttentionGrad", g.output_grad(0), g.input(0), g.input(1), g.input(2),
+                     g.output(0), g.output(1), mask, domain=FUSED_DOMAIN, num_outputs=3,
+                     scale=self.attrs.scale, key_transposed=self.attrs.key_transposed)
+        for index, grad in enumerate(grads):
+            g.set_input_grad(index, grad)
+
+
+def _unit_stride(*tensors):
+    """The flash kernels read the last dim as contiguous: copy any view that is not."""
+    return [t if t is None or t.stride(-1) == 1 else t.contiguous() for t in tensors]
+
+
+@register_op("AttentionGrad", versions=(1,), domain=FUSED_DOMAIN)
+class AttentionGrad(Op):
+    """(dQ, dK, dV) of Attention by torch's CPU flash-attention backward, from dY, the inputs,
+    the output and the saved log-sum-exp; dK is handed back as K^T when the key came
+    transposed."""
+
+    uses_amp = True
 
     @dataclass(frozen=True)
     class Attrs:
         scale: float = 1.0
         key_transposed: int = 1
 
-    def kernel(self, q, k, v, mask=None):
+    def infer(self, dy, q, k, v, y, lse, mask=None):
+        self._flops = 8 * q.nelms * v.shape[-2]
+        return [q, k, v]
+
+    def kernel(self, dy, q, k, v, y, lse, mask=None):
         if self.attrs.key_transposed:
             k = k.transpose(-1, -2)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.attrs.scale)
+        dy, q, k, v, mask = _unit_stride(dy, q, k, v, mask)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dy, q, k, v, y, lse, 0.0, False, attn_mask=mask, scale=self.attrs.scale)
+        if self.attrs.key_transposed:
+            dk = dk.transpose(-1, -2)
+        return dq, dk, dv
+
+    def cost(self) -> tuple[int, int]:
+        return self._flops, super().cost()[1]

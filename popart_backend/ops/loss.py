@@ -171,20 +171,21 @@ class NllGrad(GraphcoreLoss):
     def kernel(self, dloss, probs, label):
         classes = probs.shape[-1]
         flat_label = label.reshape(-1).long()
-        keep = torch.ones_like(flat_label, dtype=torch.bool)
-        if self.attrs.ignoreIndex is not None:
-            keep = flat_label != self.attrs.ignoreIndex
+        ignore = self.attrs.ignoreIndex
+        keep = None if ignore is None else flat_label != ignore
         if self.reduction() == "mean":
-            scale = dloss / keep.sum().clamp(min=1).to(probs.dtype)
-            per = scale.expand(flat_label.shape)
+            count = flat_label.numel() if keep is None else keep.sum().clamp(min=1).to(probs.dtype)
+            per = (dloss / count).neg().expand(flat_label.shape)
         else:
-            per = dloss.reshape(-1).expand(flat_label.shape)
-        per = torch.where(keep, per, torch.zeros_like(per))
-        onehot = torch.zeros(flat_label.numel(), classes, dtype=probs.dtype)
-        onehot.scatter_(1, torch.where(keep, flat_label, 0).unsqueeze(1), 1.0)
-        dlogp = -(onehot * per.unsqueeze(1))
+            per = dloss.reshape(-1).neg().expand(flat_label.shape)
+        if keep is not None:
+            per = torch.where(keep, per, 0)
+            flat_label = torch.where(keep, flat_label, 0)
+        # One zero-filled buffer with -dloss scattered at the labels: no one-hot temporaries.
+        dlogp = torch.zeros(flat_label.numel(), classes, dtype=probs.dtype)
+        dlogp.scatter_(1, flat_label.unsqueeze(1), per.unsqueeze(1))
         if not self.attrs.inputIsLogProbability:
-            dlogp = dlogp / probs.reshape(-1, classes)
+            dlogp.div_(probs.reshape(-1, classes))
         return dlogp.reshape(probs.shape)
 
 

@@ -156,10 +156,14 @@ class SGDUpdate(OptimizerUpdate):
         if step is not None:
             first = float(step) == 0.0
             step.add_(1.0)
+        scale = vs * (1.0 - h["dampening"])
         if mm == 0.0 or first:
             velocity.copy_(d).mul_(vs)
+        elif scale == 1.0:
+            # v' = d + mm·v in one pass over the velocity (writing its own input elementwise).
+            torch.add(d, velocity, alpha=mm, out=velocity)
         else:
-            velocity.mul_(mm).add_(d, alpha=vs * (1.0 - h["dampening"]))
+            velocity.mul_(mm).add_(d, alpha=scale)
         if h["nesterov"] != 0.0:
             w.add_(d.add(velocity, alpha=mm / vs).to(w.dtype), alpha=-lr)
         else:
@@ -219,9 +223,24 @@ class AdamUpdate(OptimizerUpdate):
         step.add_(1.0)
         t = float(step)
         s = h["loss_scaling"] if self.attrs.scaled_state else 1.0
-        m.mul_(b1).add_(g, alpha=(1.0 - b1) * s)
         bias = mode in ("Adam", "AdaMax", "Lamb")
         c1 = 1.0 - b1**t if bias else 1.0
+        if mode in ("Adam", "AdamNoBias") and s == 1.0:
+            # torch.optim.Adam's own sequence: one pass per state, the step as one addcdiv.
+            m.lerp_(g, 1.0 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+            # m̂/(√v̂ + ε) = (√c2/c1)·m/(√v + ε√c2): the bias corrections become scalars.
+            root_c2 = math.sqrt(1.0 - b2**t) if bias else 1.0
+            denom = v.sqrt().add_(eps * root_c2)
+            if wd != 0.0 and decoupled:
+                w.mul_(1.0 - lr * wd)
+            step_size = lr * root_c2 / c1
+            if w.dtype == m.dtype:
+                w.addcdiv_(m, denom, value=-step_size)
+            else:
+                w.add_((m / denom).to(w.dtype), alpha=-step_size)
+            return
+        m.mul_(b1).add_(g, alpha=(1.0 - b1) * s)
         if mode == "AdaMax":
             v.mul_(b2)
             torch.maximum(v, g.abs().mul_(s).add_(eps * s), out=v)

@@ -15,12 +15,18 @@ Before:  qs = Mul(q, c)                  # c = scale ** 0.5, constant
          g = Where(IsNaN(p), 0.0, p)
          y = MatMul(g, v)
 After:   y = popart.fused::Attention(q, k, v, mask, scale=c*c, key_transposed=0)
+
+With ``training=True`` (the training pass list, before autodiff) the fused op also outputs the
+log-sum-exp of the scores (``save_stats=1``, tensor ``<y>/logsumexp``) for its gradient, torch's
+CPU flash-attention backward. Training fuses only what that kernel takes: f32 [B, H, L, E]
+operands, a mask (if any) of rank 4 that needs no gradient, and a chain on one IPU and stage.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..dtypes import DataType
 from ..ops.fused import Attention
 from .fuse_common import (
     is_float,
@@ -30,7 +36,9 @@ from .fuse_common import (
     other_input,
     producer,
     replace_chain,
+    same_placement,
     scalar_value,
+    variable_dependent,
 )
 
 
@@ -82,9 +90,15 @@ def _untransposed_key(kt):
 class FuseAttention:
     name = "fuse_attention"
 
+    def __init__(self, training: bool = False):
+        self.training = training
+        self._needs_grad: set[str] = set()
+
     def run(self, ir) -> bool:
         graph = ir.main
         changed = False
+        if self.training:
+            self._needs_grad = variable_dependent(graph)
         for op in list(graph.ops.values()):
             if op.id in graph.ops and op.op_type == "Softmax" and op.domain == "ai.onnx":
                 changed |= self._fuse(graph, op)
@@ -177,9 +191,21 @@ class FuseAttention:
             return False
         out = mm2.outputs[0]
         inputs = [q, k, v] + ([mask] if mask is not None else [])
+        if self.training and not self._trainable(chain, q, mask):
+            return False
         fused = Attention(
-            Attention.Attrs(scale=float(scale), key_transposed=key_transposed), mm2.settings,
-            [x.info for x in inputs], out.info,
+            Attention.Attrs(scale=float(scale), key_transposed=key_transposed,
+                            save_stats=int(self.training)),
+            mm2.settings, [x.info for x in inputs], out.info,
         )
-        replace_chain(graph, chain, fused, [x.id for x in inputs], out)
+        extra = [graph.unique_id(f"{out.id}/logsumexp")] if self.training else []
+        replace_chain(graph, chain, fused, [x.id for x in inputs], out, extra)
         return True
+
+    def _trainable(self, chain, q, mask) -> bool:
+        """What the flash-attention kernels and the fused gradient handle."""
+        if q.info.rank != 4 or q.info.dtype is not DataType.FLOAT:
+            return False
+        if mask is not None and (mask.info.rank != 4 or mask.id in self._needs_grad):
+            return False
+        return same_placement(chain)

@@ -67,15 +67,35 @@ def is_float(tensor: Tensor) -> bool:
     return tensor.info.dtype.torch.is_floating_point
 
 
+def same_placement(chain: Sequence[Op]) -> bool:
+    """True when every op of ``chain`` has the same IPU, pipeline stage, phase, recomputation
+    and execution context: a training fusion must not move work across IPUs or stages."""
+    keys = {(op.settings.ipu, op.settings.pipeline_stage, op.settings.execution_phase,
+             op.settings.recompute, op.settings.execution_context) for op in chain}
+    return len(keys) == 1
+
+
+def variable_dependent(graph: Graph) -> set[str]:
+    """Ids of the float tensors computed from a float VARIABLE: those autodiff may need
+    gradients of (a training fusion must keep them differentiable)."""
+    need = {t.id for t in graph.tensors.values()
+            if t.kind is TensorKind.VARIABLE and t.info.dtype.is_float}
+    for op in graph.topo_order():
+        if any(t is not None and t.id in need for t in op.inputs):
+            need.update(t.id for t in op.outputs if t is not None and t.info.dtype.is_float)
+    return need
+
+
 def replace_chain(graph: Graph, chain: Sequence[Op], new_op: Op, input_ids: Sequence[str],
-                  out: Tensor) -> Op:
+                  out: Tensor, extra_outputs: Sequence[str] = ()) -> Op:
     """Remove ``chain`` (whose last output is ``out``) and let ``new_op`` produce ``out``'s id.
 
-    Tensors the chain made that nobody reads any more are deleted, and so are constants that
-    only the chain read (folded weights replace them).
+    ``extra_outputs`` are new tensor ids for the fused op's further outputs (saved statistics
+    its gradient reads). Tensors the chain made that nobody reads any more are deleted, and so
+    are constants that only the chain read (folded weights replace them).
     """
     temp_id = graph.unique_id(out.id + "__fused")
-    graph.add_op(new_op, list(input_ids), [temp_id])
+    graph.add_op(new_op, list(input_ids), [temp_id, *extra_outputs])
     new_out = graph.tensors[temp_id]
     graph.replace_all_uses(out, new_out)
     dropped = []

@@ -11,6 +11,9 @@ Before:  d = Div(x, 1.4142135)      After:  y = popart.fused::Gelu(x, approximat
 
 Tanh form (GPT-2's NewGELU, ``nn.GELU('tanh')``):
 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * Pow(x, 3)))), products in any order.
+
+The fused Gelu has a gradient (GeluGrad, torch's gelu_backward), so the training pass list runs
+this pass before autodiff (``training=True``: only chains on one IPU and pipeline stage).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from .fuse_common import (
     other_input,
     producer,
     replace_chain,
+    same_placement,
     scalar_value,
 )
 
@@ -39,6 +43,9 @@ def _close(tensor, value) -> bool:
 
 class FuseGelu:
     name = "fuse_gelu"
+
+    def __init__(self, training: bool = False):
+        self.training = training
 
     def run(self, ir) -> bool:
         graph = ir.main
@@ -124,7 +131,7 @@ class FuseGelu:
                 return False
             ops.insert(0, half)
         out = ops[-1].outputs[0]
-        if out.info != x.info:
+        if out.info != x.info or (self.training and not same_placement(ops)):
             return False
         fused = Gelu(Gelu.Attrs(approximate=approximate), ops[-1].settings, [x.info], out.info)
         replace_chain(graph, ops, fused, [x.id], out)

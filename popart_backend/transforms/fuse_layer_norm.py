@@ -10,6 +10,11 @@ Before:  m = ReduceMean(x, axes=[-1])        After:  y = popart.fused::LayerNorm
          n = Div(d, s)
          t = Mul(n, g)                        # g, b of shape [H]
          y = Add(t, b)
+
+With ``training=True`` (the training pass list, before autodiff) the fused op also outputs the
+mean and 1/std (``save_stats=1``, tensors ``<y>/mean`` and ``<y>/rstd``) for its gradient,
+torch's native layer-norm backward; training fuses only a norm with both scale and bias whose
+chain sits on one IPU and pipeline stage.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from .fuse_common import (
     only_consumer,
     other_input,
     replace_chain,
+    same_placement,
     scalar_value,
 )
 
@@ -41,6 +47,9 @@ def _reduced_axes(op, rank: int) -> tuple[int, ...] | None:
 
 class FuseLayerNorm:
     name = "fuse_layer_norm"
+
+    def __init__(self, training: bool = False):
+        self.training = training
 
     def run(self, ir) -> bool:
         graph = ir.main
@@ -98,11 +107,15 @@ class FuseLayerNorm:
         inputs = [x] + ([scale] if scale is not None else []) + ([bias] if bias is not None else [])
         if bias is not None and scale is None:
             return False
+        if self.training and (bias is None or not same_placement(chain)):
+            return False
         fused = LayerNorm(
-            LayerNorm.Attrs(epsilon=eps, num_axes=len(axes)), chain[-1].settings,
-            [t.info for t in inputs], out.info,
+            LayerNorm.Attrs(epsilon=eps, num_axes=len(axes), save_stats=int(self.training)),
+            chain[-1].settings, [t.info for t in inputs], out.info,
         )
-        replace_chain(graph, chain, fused, [t.id for t in inputs], out)
+        extra = ([graph.unique_id(f"{out.id}/mean"), graph.unique_id(f"{out.id}/rstd")]
+                 if self.training else [])
+        replace_chain(graph, chain, fused, [t.id for t in inputs], out, extra)
         return True
 
 

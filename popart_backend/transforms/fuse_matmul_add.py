@@ -11,12 +11,26 @@ After:   r = popart.fused::LinearBias(x, w, b, transposed_weight=0, activation='
 Before:  y = Gemm(x, w, b, transB=1)   # alpha = beta = 1, no transA
          r = Relu(y)
 After:   r = popart.fused::LinearBias(x, w, b, transposed_weight=1, activation='relu')
+
+With ``training=True`` (the training pass list, before autodiff), a weight the exporters
+transpose at run time (a trained ``nn.Linear`` weight is a variable, so constant folding leaves
+its Transpose) is read in its own [N, K] layout, so its gradient is computed there too instead
+of being transposed back:
+
+Before:  wt = Transpose(w, perm=[1, 0])     # w f32[32,64], a variable
+         m = MatMul(x, wt)
+         y = Add(m, b)
+After:   y = popart.fused::LinearBias(x, w, b, transposed_weight=1, activation='none')
+
+In training the pass also fuses a MatMul by a transposed weight without a bias, and fuses only
+chains that sit on one IPU and stage.
+LinearBias's gradient is one mm per operand plus a row sum for the bias, as addmm's is.
 """
 
 from __future__ import annotations
 
 from ..ops.fused import LinearBias
-from .fuse_common import is_float, only_consumer, other_input, replace_chain
+from .fuse_common import is_float, only_consumer, other_input, replace_chain, same_placement
 
 
 def _bias_ok(mm_out, bias, out) -> bool:
@@ -38,8 +52,21 @@ def _with_relu(out):
     return only_consumer(out, "Relu")
 
 
+def _transposed_weight(w):
+    """(W, the Transpose) when ``w`` = Transpose(W, perm=[1, 0]) of a 2-D W, read only here."""
+    op = w.producer
+    if op is None or op.op_type != "Transpose" or op.domain != "ai.onnx":
+        return None
+    if only_consumer(w) is None or tuple(op.attrs.perm or (1, 0)) != (1, 0):
+        return None
+    return op.inputs[0], op
+
+
 class FuseMatMulAdd:
     name = "fuse_matmul_add"
+
+    def __init__(self, training: bool = False):
+        self.training = training
 
     def run(self, ir) -> bool:
         graph = ir.main
@@ -58,30 +85,40 @@ class FuseMatMulAdd:
         mm_out = mm.outputs[0]
         if w.info.rank != 2 or x.info.rank < 2 or not is_float(mm_out):
             return False
+        transposed = _transposed_weight(w) if self.training else None
+        chain = [mm] if transposed is None else [transposed[1], mm]
+        if transposed is not None:
+            w = transposed[0]
         add = only_consumer(mm_out, "Add")
-        if add is None or getattr(add.attrs, "broadcast", None) is not None:
-            return False  # opset < 7 Add has legacy broadcasting
-        bias = other_input(add, mm_out)
-        out = add.outputs[0]
-        if bias is None or not _bias_ok(mm_out, bias, out):
+        if add is not None and getattr(add.attrs, "broadcast", None) is not None:
+            add = None  # opset < 7 Add has legacy broadcasting
+        bias = other_input(add, mm_out) if add is not None else None
+        if bias is not None and not (_bias_ok(mm_out, bias, add.outputs[0])
+                                     and (bias.info.rank == 1 or bias.is_const)):
+            bias = None
+        if bias is None and not (self.training and transposed is not None):
             return False
-        if bias.info.rank != 1 and not bias.is_const:
-            return False
-        chain = [mm, add]
-        relu = _with_relu(out)
+        out = mm_out
+        if bias is not None:
+            chain.append(add)
+            out = add.outputs[0]
+        relu = _with_relu(out) if bias is not None else None
         if relu is not None:
             chain.append(relu)
             out = relu.outputs[0]
-        b_id = bias.id
-        if bias.info.rank != 1:
-            b_id = self._flat_bias(graph, bias)
+        if self.training and not same_placement(chain):
+            return False
+        inputs = [x.id, w.id]
+        if bias is not None:
+            inputs.append(bias.id if bias.info.rank == 1 else self._flat_bias(graph, bias))
         fused = LinearBias(
-            LinearBias.Attrs(transposed_weight=0, activation="relu" if relu else "none"),
-            add.settings,
-            [x.info, w.info, graph.tensors[b_id].info],
+            LinearBias.Attrs(transposed_weight=int(transposed is not None),
+                             activation="relu" if relu else "none"),
+            add.settings if bias is not None else mm.settings,
+            [graph.tensors[i].info for i in inputs],
             out.info,
         )
-        replace_chain(graph, chain, fused, [x.id, w.id, b_id], out)
+        replace_chain(graph, chain, fused, inputs, out)
         return True
 
     def _fuse_gemm_relu(self, graph, gemm) -> bool:
@@ -93,6 +130,8 @@ class FuseMatMulAdd:
             return False
         relu = _with_relu(gemm.outputs[0])
         if relu is None or not is_float(gemm.outputs[0]):
+            return False
+        if self.training and not same_placement([gemm, relu]):
             return False
         x, w = gemm.inputs[0], gemm.inputs[1]
         bias = gemm.inputs[2] if len(gemm.inputs) > 2 else None

@@ -3,8 +3,9 @@
 A pass is an object with a ``name`` and ``run(ir) -> bool`` (True when it changed the IR).
 With ``debug=True`` the IR is verified after every pass.
 
-Training (docs/training.md) runs no fusion pass: the fused inference kernels have no
-gradients, and BatchNorm folding assumes inference statistics.
+Training (docs/training.md) runs the fusions whose fused op has a gradient (MatMul + bias,
+GELU, the spelled-out layer norm, attention), in their training mode, before autodiff;
+BatchNorm folding (inference statistics) and Conv + activation stay inference-only.
 """
 
 from __future__ import annotations
@@ -101,8 +102,13 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     const_scaling = optimizer.loss_scaling_is_const()
     autodiff = Autodiff(loss_id, loss_scaling * loss_factor if const_scaling else loss_factor)
     placement = Placement(options.virtualGraphMode, ipus_per_replica, options.enablePipelining)
-    # Virtual graphs before autodiff: every gradient op inherits its forward op's IPU.
-    passes: list = [FoldConstants(), TrainingSemantics(), AssignVirtualGraphs(placement), autodiff]
+    # Fusions whose fused op has a gradient, before placement (they keep the settings of the
+    # ops they replace) and autodiff. Virtual graphs before autodiff: every gradient op
+    # inherits its forward op's IPU.
+    passes: list = [FoldConstants(), TrainingSemantics(),
+                    FuseMatMulAdd(training=True), FuseGelu(training=True),
+                    FuseLayerNorm(training=True), FuseAttention(training=True),
+                    AssignVirtualGraphs(placement), autodiff]
     if not const_scaling:
         passes.append(SeedLossScaling(loss_id, loss_scaling))
     grads = lambda: trained_weights(autodiff)  # noqa: E731 - filled when autodiff runs
