@@ -10,11 +10,17 @@ For each model (MLP, CNN and a BERT-style encoder from ``tests/models/zoo.py``) 
 - compile: the first call of each wrapper (trace + ONNX export + session build +
   ``prepareDevice``), measured once in a fresh wrapper.
 
-Repetitions of both sides are interleaved so machine noise hits them alike; the table shows
-medians and the ratio wrapper/eager. Targets (issue #4): steady-state step <= 1.3x eager,
-BERT-style compile < 5 s.
+Repetitions of both sides are interleaved, each wrapper call right next to its eager
+counterpart (alternating which goes first), so machine noise hits them alike. The table shows
+median times and the *paired* ratio: the median over repetitions of wrapper/eager of the same
+repetition, which stays put on a busy machine where the medians of either side drift.
+Targets (issue #4): steady-state step <= 1.3x eager, BERT-style compile < 5 s.
 
-    python benchmarks/bench_frontend.py [--reps 20] [--models mlp,cnn,bert]
+``--threads`` sets torch's intra-op threads for both sides (default: torch's own choice). On a
+shared machine a single thread gives steadier numbers: with two threads a step waits for
+whichever thread the scheduler parked.
+
+    python benchmarks/bench_frontend.py [--reps 20] [--models mlp,cnn,bert] [--threads N]
 """
 
 from __future__ import annotations
@@ -111,20 +117,23 @@ def bench(name: str, reps: int) -> dict:
             net(*features)
 
     timings = {"train": [], "eager_train": [], "infer": [], "eager_infer": []}
-    for fn in (lambda: training(*features, labels), eager_step,
-               lambda: inference(*features), eager_infer):
-        fn()  # warm-up
-    for _ in range(reps):
-        for key, fn in (("train", lambda: training(*features, labels)),
-                        ("eager_train", eager_step),
-                        ("infer", lambda: inference(*features)),
-                        ("eager_infer", eager_infer)):
-            start = time.perf_counter()
-            fn()
-            timings[key].append(time.perf_counter() - start)
+    pairs = ((("train", lambda: training(*features, labels)), ("eager_train", eager_step)),
+             (("infer", lambda: inference(*features)), ("eager_infer", eager_infer)))
+    for pair in pairs:
+        for _, fn in pair:
+            fn()  # warm-up
+    for rep in range(reps):
+        for pair in pairs:
+            for key, fn in (pair if rep % 2 == 0 else pair[::-1]):
+                start = time.perf_counter()
+                fn()
+                timings[key].append(time.perf_counter() - start)
     training.destroy()
     inference.destroy()
     result = {key: _median_ms(values) for key, values in timings.items()}
+    for kind in ("train", "infer"):
+        result[f"{kind}_ratio"] = statistics.median(
+            w / e for w, e in zip(timings[kind], timings[f"eager_{kind}"]))
     result.update(train_compile=train_compile, infer_compile=infer_compile)
     return result
 
@@ -133,8 +142,11 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--models", default="mlp,cnn,bert")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch intra-op threads for both sides (0: torch's default)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     rows = []
     for name in args.models.split(","):
@@ -147,9 +159,11 @@ def main(argv=None) -> None:
     print("-" * len(header))
     for label, r in rows:
         print(f"{label:<36} {r['train']:>9.2f} {r['eager_train']:>8.2f} "
-              f"{r['train'] / r['eager_train']:>6.2f}   {r['infer']:>9.2f} "
-              f"{r['eager_infer']:>8.2f} {r['infer'] / r['eager_infer']:>6.2f}   "
+              f"{r['train_ratio']:>6.2f}   {r['infer']:>9.2f} "
+              f"{r['eager_infer']:>8.2f} {r['infer_ratio']:>6.2f}   "
               f"{r['train_compile']:>15.2f} {r['infer_compile']:>8.2f}")
+    print(f"torch threads: {torch.get_num_threads()}; ratio: median of paired wrapper/eager "
+          f"times")
     print("targets: step ratio <= 1.3; BERT-style compile < 5 s (first call: trace + export + "
           "prepareDevice)")
 

@@ -59,9 +59,10 @@ class _Executable:
         self.device_weights = device_weights  # ONNX initializer -> FQN, device-held only
         self.translation = translation  # training: the optimizer as compiled
         self.placement: blocks.Placement | None = None  # stages and IPUs (spec §2.3)
-        # Per distinct output name: (name, host shape, narrowed dtype or None), built on the
-        # first run from the anchor arrays (their sizes are fixed by the compiled session).
-        self.output_table: list[tuple[str, tuple[int, ...], torch.dtype | None]] | None = None
+        # Per distinct output name: (name, host shape or None when the anchor array has it
+        # already, narrowed dtype or None), built on the first run from the anchor arrays
+        # (their sizes are fixed by the compiled session).
+        self.output_table: list[tuple] | None = None
 
 
 class PoplarExecutor:
@@ -799,8 +800,9 @@ class PoplarExecutor:
             table = executable.output_table = _output_table(executable, anchors)
         results = {}
         for name, shape, narrow in table:
-            # initAnchorArrays' arrays are C-contiguous, so view() never copies.
-            tensor = torch.from_numpy(anchors[name]).view(shape)
+            tensor = torch.from_numpy(anchors[name])
+            if shape is not None:
+                tensor = tensor.view(shape)  # initAnchorArrays' arrays are C-contiguous
             results[name] = tensor if narrow is None else tensor.to(narrow)
         leaves = []
         for index, source in enumerate(traced.output_leaf_sources):
@@ -825,7 +827,7 @@ class _FastCall:
     device, a replaced ``forward``) falls back to the full path, which records the new call.
     """
 
-    __slots__ = ("forward", "executable", "specs", "positions", "template")
+    __slots__ = ("executable", "forward", "positions", "specs", "template")
 
     def __init__(self, forward, executable, specs, positions, template):
         self.forward = forward
@@ -840,7 +842,7 @@ class _FastCall:
         return getattr(forward, "__func__", forward)
 
     @classmethod
-    def of(cls, wrapper, args, kwargs, leaves, executable) -> "_FastCall | None":
+    def of(cls, wrapper, args, kwargs, leaves, executable) -> _FastCall | None:
         if kwargs or not all(type(a) is torch.Tensor for a in args):
             return None
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
@@ -874,7 +876,8 @@ class _FastCall:
 
 def _output_table(executable: _Executable, anchors: dict) -> list:
     """Per distinct output: its host shape (PopTorch's §2.4 stacking: the anchor's batches
-    stacked along dim 0) and the dtype it narrows to (int64 -> int32, float64 -> float32)."""
+    stacked along dim 0; None when the anchor array already has it) and the dtype it narrows
+    to (int64 -> int32, float64 -> float32)."""
     table = []
     for name in dict.fromkeys(executable.traced.output_names):
         array = anchors[name]
@@ -885,7 +888,8 @@ def _output_table(executable: _Executable, anchors: dict) -> list:
             shape = (count * sample[0], *sample[1:]) if sample else (count,)
         else:
             shape = sample
-        table.append((name, shape, _NARROW.get(torch.from_numpy(array).dtype)))
+        table.append((name, None if array.shape == shape else shape,
+                      _NARROW.get(torch.from_numpy(array).dtype)))
     return table
 
 

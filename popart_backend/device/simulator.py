@@ -185,6 +185,12 @@ class SimulatedDevice:
 
     def run(self, stepio) -> None:
         """Execute bps × af × rf micro-batches, reading and writing ``stepio``."""
+        if self.program.micro_batches_per_run < 2:
+            # No bar is drawn for one micro-batch (min_total below): skip its setup, which
+            # costs as much as a small model's kernel.
+            self._execute = self._execute_replicas
+            self._dispatch(stepio)
+            return
         with progress.track("run", self.program.micro_batches_per_run, "micro-batch",
                             min_total=2) as bar:
             self._execute = self._counting_execute(bar)
@@ -268,7 +274,7 @@ class SimulatedDevice:
         actions, seeds = self._actions, self._seeds
         execute = self._execute
         outer, window_end = self._outer_steps, self._window_end
-        with torch.inference_mode(False), torch.no_grad():
+        with _DeviceMode():
             for base in range(0, p.micro_batches_per_run, rf):
                 for group in groups:
                     for r in group:
@@ -372,6 +378,28 @@ class SimulatedDevice:
             array = stepio.output_callback(anchor.id)
             _callback_output(anchor, array).copy_(value)
             stepio.output_complete_callback(anchor.id)
+
+
+class _DeviceMode:
+    """``torch.inference_mode(False)`` + ``torch.no_grad()`` for a run loop, at a fraction of
+    their cost (a step of a small model pays for them once per call): grad mode is switched
+    directly, inference mode only entered when the caller is in it."""
+
+    __slots__ = ("_grad", "_inference")
+
+    def __enter__(self):
+        self._inference = None
+        if torch.is_inference_mode_enabled():
+            self._inference = torch.inference_mode(False)
+            self._inference.__enter__()
+        self._grad = torch.is_grad_enabled()
+        torch.set_grad_enabled(False)
+        return self
+
+    def __exit__(self, *exc):
+        torch.set_grad_enabled(self._grad)
+        if self._inference is not None:
+            self._inference.__exit__(*exc)
 
 
 # --- binding PyStepIO arrays ------------------------------------------------------------------
@@ -495,6 +523,10 @@ def _chunks(kind: str, tensor_id: str, array: np.ndarray, info, count: int, offs
     if not writable and not (array.flags.c_contiguous and array.flags.writeable):
         # Non-contiguous or read-only data gets one host copy; the user's array is untouched.
         array = np.array(array, order="C", copy=True)
+    if num_chunks == count == 1:
+        # One micro-batch per run (the usual training/inference step): no split needed.
+        whole = torch.from_numpy(array)
+        return (whole if array.shape == shape else whole.view(shape),), 0
     whole = torch.from_numpy(array.reshape(-1)).view(num_chunks, *shape).unbind(0)
     start = offset // nelms
     if start == 0 and num_chunks == count:

@@ -6,9 +6,11 @@ otherwise the input is padded (or cropped) to the exact extent the output needs,
 average's divisor is precomputed per output position.
 
 Gradients: MaxPool routes dY to the position torch's pooling picks (the first maximum of a
-window, so ties go where torch sends them) with torch's own backward kernels; averages and Lp
-norms spread dY over their windows (torch's avg_pool backward, or the adjoint of the window
-sum, a transposed convolution with a window of ones, for pads and dilations torch lacks).
+window, so ties go where torch sends them) with torch's own backward kernels; in training the
+forward keeps those positions on X (``_keep_indices``), so the grad op need not pool again.
+Averages and Lp norms spread dY over their windows (torch's avg_pool backward, or the adjoint
+of the window sum, a transposed convolution with a window of ones, for pads and dilations
+torch lacks).
 """
 
 from __future__ import annotations
@@ -183,11 +185,29 @@ class MaxPool(_WindowPool):
         )
         return TensorInfo(x.dtype, x.shape[:2] + win.out_sizes)
 
+    # Set by grad(): a MaxPoolGrad will read X, so the forward keeps the maxima's positions.
+    _keep_for_grad = False
+
+    def grad(self, g):
+        self._keep_for_grad = True
+        super().grad(g)
+
+    def _window_args(self) -> tuple:
+        return (self._kernel, self._stride, self._padding, self._dilation, self._ceil)
+
     def kernel(self, x):
         if self._pre_pad is not None:
             x = F.pad(x, self._pre_pad, value=self._pad_value)
         if len(self.outputs) < 2 or self.outputs[1] is None:
-            y = self._fn(x, self._kernel, self._stride, self._padding, self._dilation, self._ceil)
+            if self._keep_for_grad and self._pre_pad is None:
+                # Pooling with indices costs about what pooling without does; the grad op
+                # then only scatters dY (torch's autograd saves them the same way).
+                args = self._window_args()
+                y, idx = self._fn(x, *args, True)
+                _keep_indices(x, args, idx)
+            else:
+                y = self._fn(x, self._kernel, self._stride, self._padding, self._dilation,
+                             self._ceil)
             return y if len(self.outputs) < 2 else (y, None)
         y, idx = self._fn(
             x, self._kernel, self._stride, self._padding, self._dilation, self._ceil, True
@@ -223,14 +243,37 @@ class MaxPoolGrad(_WindowPoolGrad, MaxPool):
         return x
 
     def kernel(self, dy, x):
+        args = self._window_args()
+        idx = _kept_indices(x, args) if self._pre_pad is None else None
         if self._pre_pad is not None:
             x = F.pad(x, self._pre_pad, value=self._pad_value)
-        args = (self._kernel, self._stride, self._padding, self._dilation, self._ceil)
-        _, idx = self._fn(x, *args, True)
+        if idx is None:
+            _, idx = self._fn(x, *args, True)
         dx = self._backward(dy, x, *args, idx)
         if self._pre_pad is not None:
             dx = F.pad(dx, tuple(-p for p in self._pre_pad))
         return dx
+
+
+# Attribute of a pooled X holding (window args, X's version, torch's indices of the maxima).
+_KEPT_INDICES = "_popart_max_pool_indices"
+
+
+def _keep_indices(x: torch.Tensor, args: tuple, idx: torch.Tensor) -> None:
+    """Remember ``idx`` on ``x`` itself, so whichever step holds this value (any replica,
+    micro-batch or pipeline stash) finds the indices of exactly this tensor, and they are
+    freed with it."""
+    if not x.is_inference():  # inference tensors have no version counter
+        x.__dict__[_KEPT_INDICES] = (args, x._version, idx)
+
+
+def _kept_indices(x: torch.Tensor, args: tuple) -> torch.Tensor | None:
+    """The indices the forward kept on ``x`` for this window, unless X changed in place since
+    (then, or for another tensor, the grad op pools again)."""
+    kept = x.__dict__.get(_KEPT_INDICES)
+    if kept is None or kept[0] != args or kept[1] != x._version:
+        return None
+    return kept[2]
 
 
 def _index_map(padded, offset, in_sizes, column_major: bool) -> torch.Tensor:
