@@ -611,3 +611,27 @@ class GlobalLpPool(_GlobalPool):
 
     def kernel(self, x):
         return torch.linalg.vector_norm(x, ord=self.attrs.p, dim=self._dims, keepdim=True)
+
+    def grad(self, g):
+        g.set_input_grad(0, g.op("GlobalLpPoolGrad", g.output_grad(0), g.input(0), g.output(0),
+                                 domain=AI_GRAPHCORE, p=float(self.attrs.p)))
+
+
+@register_op("GlobalLpPoolGrad", versions=1, domain=AI_GRAPHCORE)
+class GlobalLpPoolGrad(Op):
+    """dX = dY * Y^(1-p) * |X|^(p-1) * sign(X), broadcast over the pooled dims."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        p: float = 2.0
+
+    def infer(self, dy, x, y):
+        return x
+
+    def kernel(self, dy, x, y):
+        p = self.attrs.p
+        if p == 1:
+            return dy * torch.sign(x)
+        if p == 2:
+            return dy / y * x
+        return dy * y.pow(1 - p) * x.abs().pow(p - 1) * torch.sign(x)

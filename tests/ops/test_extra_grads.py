@@ -1,4 +1,4 @@
-"""Gradients of LRN and MeanVarianceNormalization against torch.autograd of their ONNX formulas
+"""Gradients of LRN, MeanVarianceNormalization and GlobalLpPool against torch.autograd of their
 (issue #3: every differentiable op has a gradient)."""
 
 import numpy as np
@@ -40,3 +40,12 @@ def test_mean_variance_normalization_grad(axes, opset):
 
     check_grad("MeanVarianceNormalization", [rand(2, 3, 2, 2)], {"axes": list(axes)},
                opset=opset, ref=ref)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("opset", [1, 2])
+def test_global_lp_pool_grad(p, opset):
+    """GlobalLpPool's gradient (issue #3), against torch.autograd of the p-norm."""
+    attrs = {"p": float(p) if opset == 1 else p}
+    check_grad("GlobalLpPool", [rand(2, 3, 4, 3)], attrs, opset=opset,
+               ref=lambda x: torch.linalg.vector_norm(x, ord=p, dim=(2, 3), keepdim=True))
