@@ -1,5 +1,5 @@
 """Gradients of LRN, MeanVarianceNormalization and GlobalLpPool against torch.autograd of their
-(issue #3: every differentiable op has a gradient)."""
+ONNX formulas (issue #3: every differentiable op has a gradient)."""
 
 import numpy as np
 import pytest
