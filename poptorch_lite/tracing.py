@@ -28,6 +28,7 @@ import popart_backend as popart
 import torch
 import torch.fx.traceback as fx_traceback
 from onnx import helper
+from torch.export.graph_signature import InputKind, TensorArgument
 from torch.utils import _pytree as pytree
 
 from . import blocks, ops, translations
@@ -302,7 +303,12 @@ def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedMod
     # that are tensors (non-tensor leaves are specialised into the graph).
     initializer_names = {i.name for i in proto.graph.initializer}
     graph_inputs = [i.name for i in proto.graph.input if i.name not in initializer_names]
-    user_inputs = list(sig.user_inputs)
+    # Only tensor user inputs become graph inputs; torch.export also lists the non-tensor
+    # arguments it specialised (ConstantArgument), which must not shift the pairing.
+    user_inputs = [
+        spec.arg.name for spec in sig.input_specs
+        if spec.kind is InputKind.USER_INPUT and isinstance(spec.arg, TensorArgument)
+    ]
     input_names: list[str | None] = []
     tensor_index = 0
     for spec in signature.leaves:
