@@ -20,5 +20,5 @@ def test_scalar_before_a_tensor_argument():
     model = ScaledBias().eval()
     x, bias = torch.randn(4, 3), torch.randn(4, 2)
     wrapper = poptorch.inferenceModel(model)
-    poptorch.testing.assert_allclose(wrapper(x, 2.0, bias), model(x, 2.0, bias),
+    poptorch.testing.assert_allclose(actual=wrapper(x, 2.0, bias), expected=model(x, 2.0, bias),
                                      rtol=1e-5, atol=1e-6)
