@@ -10,6 +10,7 @@ written as ``__``-prefixed node attributes (spec §3.6) by the methods ``Builder
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import re
 from pathlib import Path
@@ -45,6 +46,8 @@ from .tensorinfo import (
 )
 
 __all__ = ["Builder", "RecomputeType"]
+
+_log = logging.getLogger("popart:builder")
 
 DEFAULT_ONNX_OPSET = 10
 
@@ -237,6 +240,7 @@ class Builder(BuilderAnnotations):
             self._producer[out] = node
         self._used_domains.add(domain)
         self._changed()
+        _log.log(5, "%s %s(%s) -> %s", domain, op_type, ", ".join(inputs), ", ".join(outputs))
         return outputs
 
     def customOp(  # noqa: N802 - PopART's names

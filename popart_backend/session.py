@@ -49,6 +49,7 @@ from .transforms.pipeline import ApplyOptimizer, inference_passes, run_passes, t
 __all__ = ["InferenceSession", "TrainingSession"]
 
 _log = logging.getLogger("popart:session")
+_TRACE = 5  # PopART's TRACE level (popart_backend.logging.TRACE)
 
 _SYNTHETIC = {
     SyntheticDataMode.Off: "off",
@@ -133,6 +134,8 @@ class SessionBase:
             if self._training:
                 self._check_anchors_exist()
         maybe_dump_ir(self._ir, graph_name)
+        _log.info("%s '%s': %d ops, %d tensors after its passes", type(self).__name__, name,
+                  len(self._ir.main.ops), len(self._ir.main.tensors))
         self._program: Program = lower(self._ir, dataFlow, self._replication_factor,
                                        self._accumulation_factor)
         self._check_device()
@@ -228,6 +231,7 @@ class SessionBase:
     def prepareDevice(self, loadEngine: bool = True) -> None:  # noqa: N802,N803
         """Compile the Program for the simulated device, then load it unless ``loadEngine`` is
         False or ``compileEngine`` is off (F47)."""
+        _log.log(_TRACE, "Session::prepareDevice")
         if not self._options.compileEngine:
             _log.info("compileEngine is False: the IR is built, no engine is compiled.")
             return
@@ -301,6 +305,7 @@ class SessionBase:
             )
         if debugName:
             _log.debug("run '%s'", debugName)
+        _log.log(_TRACE, "Session::run")
         device.run(stepio)
         self._runs += 1
         self._profiled_runs += 1
@@ -382,12 +387,14 @@ class SessionBase:
 
     def weightsFromHost(self) -> None:  # noqa: N802
         """Copy the host weights to the device (F36)."""
+        _log.log(_TRACE, "Session::weightsFromHost")
         device = self._ready_device("weightsFromHost()")
         device.write_weights(self._host_weights)
         self._weights_written = True
 
     def weightsToHost(self) -> None:  # noqa: N802
         """Copy the device weights to the host copies (F37)."""
+        _log.log(_TRACE, "Session::weightsToHost")
         device = self._ready_device("weightsToHost()")
         for tensor_id, value in device.read_weights(self._program.weights).items():
             self._host_weights[tensor_id][...] = value

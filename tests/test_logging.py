@@ -168,3 +168,32 @@ def test_F95_F96_env_read_at_import(tmp_path):
     last = found[-1]
     assert (last.group(2), last.group(5), last.group(6)) == ("popart:ir", "D", "imported")
     assert "off" not in result.stdout and "off" not in result.stderr
+
+
+def test_modules_log_their_work_at_trace(tmp_path):
+    """F57-F59: with POPART_LOG_LEVEL=TRACE the session, builder and device modules log what
+    they do, in PopART's line format."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np, popart_backend as popart\n"
+        "b = popart.Builder()\n"
+        "x = b.addInputTensor('FLOAT', [2])\n"
+        "y = b.aiOnnx.relu([x])\n"
+        "b.addOutputTensor(y)\n"
+        "d = popart.DeviceManager().acquireAvailableDevice(1)\n"
+        "s = popart.InferenceSession(b.getModelProto(), popart.DataFlow(1, [y]), d)\n"
+        "s.prepareDevice()\n"
+        "a = s.initAnchorArrays()\n"
+        "s.run(popart.PyStepIO({x: np.ones(2, np.float32)}, a))\n"
+        "d.detach()\n"
+    )
+    env = dict(os.environ, POPART_LOG_LEVEL="TRACE", POPART_LOG_DEST="stdout",
+               PYTHONPATH=os.getcwd())
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    for logger, text in [("popart:builder", "Relu"), ("popart:session", "Session::prepareDevice"),
+                         ("popart:session", "Session::run"), ("popart:devicex", "attach")]:
+        assert any(logger in line and text in line for line in out.splitlines()), (logger, out)

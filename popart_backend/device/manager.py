@@ -9,6 +9,7 @@ groups. Attaching a group makes its IPUs busy for every overlapping group in thi
 from __future__ import annotations
 
 import enum
+import logging
 import random
 import time
 import weakref
@@ -16,6 +17,8 @@ from typing import Any, Mapping
 
 from ..errors import popart_exception
 from .spec import IPU_VERSIONS, IpuSpec
+
+_log = logging.getLogger("popart:devicex")
 
 __all__ = [
     "DeviceConnectionType",
@@ -176,12 +179,14 @@ class DeviceInfo:
             return False
         if not self._attached:
             self._attached = self._manager._try_lock(self)
+            _log.debug("attach %r: %s", self, "attached" if self._attached else "busy")
         return self._attached
 
     def detach(self) -> None:
         if self._attached:
             self._manager._unlock(self)
             self._attached = False
+            _log.debug("detached %r", self)
 
     def tryAttachUntilTimeout(self) -> bool:  # noqa: N802
         """Retry ``attach()`` until the manager's on-demand attach timeout (seconds) expires."""
