@@ -186,7 +186,9 @@ def test_conv_bn_relu_and_residual_block_fuse():
                        const("w2", randn(4, 4, 3, 3)), *bn])
     ops, ours = fuse_and_run(model, feeds)
     assert ops == Counter({"ConvBiasAct": 2})
-    check_against_ort(model, feeds, ours, rtol=1e-4, atol=1e-5)
+    # Outputs reach ~10 in magnitude; folding BN into the weights reorders float32 rounding, so
+    # near-zero elements differ by ~1e-5 absolute (1e-6 of the tensor's scale).
+    check_against_ort(model, feeds, ours, rtol=1e-4, atol=1e-4)
 
 
 # --- GELU ---------------------------------------------------------------------------------------
