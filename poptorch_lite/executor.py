@@ -16,6 +16,7 @@ first host access (``weight_sync.py``, P10), and move optimizer state between th
 
 from __future__ import annotations
 
+import atexit
 import logging
 import time
 import warnings
@@ -933,6 +934,8 @@ def _init_distributed(options: Options) -> None:
         raise Error(f"Options.Distributed: process {process_id} of {processes} could not meet "
                     f"its peers at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
                     f"within {timeout:g} s (POPART_DISTRIBUTED_TIMEOUT): {exc}") from exc
+    # A gloo group alive at interpreter exit can abort the process; close the one made here.
+    atexit.register(lambda: dist.destroy_process_group() if dist.is_initialized() else None)
 
 
 def _host_array(session, tensor_id: str) -> np.ndarray:

@@ -19,6 +19,7 @@ waits forever.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
@@ -121,6 +122,11 @@ class LocalReplicas(ReplicaComm):
         return list(values)
 
 
+def _close_process_group(dist) -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 class DistributedReplicas(ReplicaComm):
     """Replicas over processes: a gloo process group from the env:// rendezvous."""
 
@@ -147,6 +153,9 @@ class DistributedReplicas(ReplicaComm):
             self._guard("the rendezvous", lambda: dist.init_process_group(
                 "gloo", init_method="env://",
                 timeout=datetime.timedelta(seconds=self.timeout_seconds)))
+            # A gloo group still alive at interpreter exit can abort the process ("terminate
+            # called without an active exception"); the group this session made is closed then.
+            atexit.register(_close_process_group, dist)
         elif dist.get_backend() != "gloo":
             raise popart_exception(
                 f"Global replication runs its collectives over the gloo backend, but "
