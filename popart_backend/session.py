@@ -34,14 +34,8 @@ from .ir.ir import Ir
 from .ir.tensor import TensorKind
 from .onnx_import import LoadedModel, import_model, initializer_value, load_model
 from .optimizers import Optimizer
-from .options import (
-    DotCheck,
-    Patterns,
-    SessionOptions,
-    SyntheticDataMode,
-    check_buildable,
-    check_io_options,
-)
+from .option_checks import check_buildable, check_io_options
+from .options import DotCheck, Patterns, SessionOptions, SyntheticDataMode
 from .report import PROFILING_DISABLED, Report, profiling_enabled, summary_text
 from .tensorinfo import InputShapeInfo, TensorInfo, input_settings_from_model
 from .transforms.pipeline import ApplyOptimizer, inference_passes, run_passes, training_passes

@@ -51,7 +51,8 @@ from ..ir.op import ExecutionContext, Op, OpSettings
 from ..ir.tensor import TensorInfo, TensorKind, TensorRole
 from ..ops.collectives import ShardLayout, shard_layout
 from ..ops.registry import AI_GRAPHCORE, create_op
-from ..options import CommGroup, CommGroupType, ReplicatedTensorSharding, check_sharding_domain
+from ..option_checks import check_sharding_domain
+from ..options import CommGroup, CommGroupType, ReplicatedTensorSharding
 from .tensor_locations import resolve_tensor_locations
 
 __all__ = ["ShardVariables", "Sharding"]

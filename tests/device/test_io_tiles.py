@@ -22,8 +22,8 @@ from popart_backend.options import (
     TensorLocation,
     TensorStorage,
     VirtualGraphMode,
-    check_io_options,
 )
+from popart_backend.option_checks import check_io_options
 from popart_backend.tensorinfo import ExchangeStrategy, TileSet
 
 ES, TS = ExchangeStrategy, TileSet

@@ -36,8 +36,8 @@ from popart_backend.options import (
     TensorLocation,
     TensorLocationSettings,
     TensorStorage,
-    check_buildable,
 )
+from popart_backend.option_checks import check_buildable
 from popart_backend.tensorinfo import TileSet
 from popart_backend.transforms.pipeline import run_passes, training_passes
 from popart_backend.transforms.tensor_locations import (
