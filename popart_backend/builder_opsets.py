@@ -38,7 +38,7 @@ AI_GRAPHCORE = "ai.graphcore"
 
 # ai.onnx versions the Builder offers: PopART's 6..11, extended to what the backend imports.
 MIN_ONNX_OPSET = 6
-MAX_ONNX_OPSET = 21
+MAX_ONNX_OPSET = 28
 
 
 class _Required:

@@ -46,7 +46,7 @@ def compare_with_onnxruntime(builder, feeds):
 # --- building and running (F12, F14–F17) -----------------------------------------------------
 
 
-@pytest.mark.parametrize("opset", [6, 7, 9, 10, 11, 13, 14, 16, 18, 21])
+@pytest.mark.parametrize("opset", [6, 7, 9, 10, 11, 13, 14, 16, 18, 21, 25])
 def test_f17_graph_per_opset_matches_onnxruntime(opset):
     """F12, F14-F17: the same graph built with aiOnnxOpsetN runs like onnxruntime."""
     builder = popart.Builder()
@@ -233,7 +233,7 @@ def test_f18_one_onnx_opset_per_builder():
     fixed = popart.Builder(opsets={"ai.onnx": 11, "ai.graphcore": 1})
     assert fixed.aiOnnx is fixed.aiOnnxOpset11
     assert fixed.aiGraphcore is fixed.aiGraphcoreOpset1
-    with pytest.raises(AttributeError, match="opsets 6..21"):
+    with pytest.raises(AttributeError, match="opsets 6..28"):
         fixed.aiOnnxOpset5
     with pytest.raises(popart.popart_exception, match="ai.graphcore opset 2 does not exist"):
         popart.Builder(opsets={"ai.graphcore": 2})

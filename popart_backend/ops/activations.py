@@ -99,7 +99,7 @@ class LeakyReluGrad(ElementwiseGrad):
         return torch.where(x > 0, dy, dy * self.attrs.alpha)
 
 
-@register_op("HardSigmoid", versions=(1, 6))
+@register_op("HardSigmoid", versions=(1, 6, 22))
 class HardSigmoid(LegacyConsumedInputs, Unary):
     @dataclass(frozen=True)
     class Attrs:
@@ -122,7 +122,7 @@ class HardSigmoidGrad(ElementwiseGrad):
         return torch.where((z > 0) & (z < 1), dy * self.attrs.alpha, 0)
 
 
-@register_op("HardSwish", versions=14)
+@register_op("HardSwish", versions=(14, 22))
 class HardSwish(Unary):
     # ONNX fixes alpha = 1/6, beta = 0.5: exactly torch's hardswish.
     def kernel(self, x):
@@ -138,7 +138,7 @@ class HardSwishGrad(ElementwiseGrad):
         return _aten.hardswish_backward(dy, x)
 
 
-@register_op("Elu", versions=(1, 6))
+@register_op("Elu", versions=(1, 6, 22))
 class Elu(LegacyConsumedInputs, Unary):
     @dataclass(frozen=True)
     class Attrs:
@@ -159,7 +159,7 @@ class EluGrad(ElementwiseGrad):
         return torch.where(x > 0, dy, dy * (self.attrs.alpha * torch.exp(x)))
 
 
-@register_op("Selu", versions=(1, 6))
+@register_op("Selu", versions=(1, 6, 22))
 class Selu(Unary):
     @dataclass(frozen=True)
     class Attrs:
@@ -194,7 +194,7 @@ class SeluGrad(ElementwiseGrad):
         return torch.where(x > 0, dy * g, dy * ((a * g) * torch.exp(x)))
 
 
-@register_op("Celu", versions=12)
+@register_op("Celu", versions=(12, 28))
 class Celu(Unary):
     @dataclass(frozen=True)
     class Attrs:
@@ -215,7 +215,7 @@ class CeluGrad(ElementwiseGrad):
         return torch.where(x > 0, dy, dy * torch.exp(x / self.attrs.alpha))
 
 
-@register_op("ThresholdedRelu", versions=10)
+@register_op("ThresholdedRelu", versions=(10, 22))
 class ThresholdedRelu(Unary):
     @dataclass(frozen=True)
     class Attrs:
@@ -236,7 +236,7 @@ class ThresholdedReluGrad(ElementwiseGrad):
         return torch.where(x > self.attrs.alpha, dy, 0)
 
 
-@register_op("Softplus", versions=1)
+@register_op("Softplus", versions=(1, 22))
 class Softplus(Unary):
     def kernel(self, x):
         # threshold above which torch returns x itself: log1p(exp(x)) - x < float32 epsilon there
@@ -253,7 +253,7 @@ class SoftplusGrad(ElementwiseGrad):
         return _aten.softplus_backward(dy, x, 1.0, 20.0)
 
 
-@register_op("Softsign", versions=1)
+@register_op("Softsign", versions=(1, 22))
 class Softsign(Unary):
     def kernel(self, x):
         return torch.nn.functional.softsign(x)
@@ -298,7 +298,7 @@ class GeluGrad(ElementwiseGrad):
         return _aten.gelu_backward(dy, x, approximate=self.attrs.approximate)
 
 
-@register_op("Mish", versions=18)
+@register_op("Mish", versions=(18, 22))
 class Mish(Unary):
     def kernel(self, x):
         return torch.nn.functional.mish(x)

@@ -163,7 +163,7 @@ def check_body_outputs(op: Op, body: Body, count: int, what: str) -> list[Tensor
 # --- If --------------------------------------------------------------------------------------
 
 
-@register_op("If", versions=(1, 11, 13, 16, 19, 21))
+@register_op("If", versions=(1, 11, 13, 16, 19, 21, 23, 24, 25))
 class If(SubgraphOp):
     """outputs = then_branch() if cond else else_branch(); both branches have equal shapes."""
 
@@ -362,7 +362,7 @@ def grad_body(g, op: Op, body: Body, seeds: list[str | None], wrt: list[str],
 # --- Loop ------------------------------------------------------------------------------------
 
 
-@register_op("Loop", versions=(1, 11, 13, 16, 19, 21))
+@register_op("Loop", versions=(1, 11, 13, 16, 19, 21, 23, 24, 25))
 class Loop(SubgraphOp):
     """for i in range(M) while cond: (cond, carried..., scan...) = body(i, cond, carried...)."""
 

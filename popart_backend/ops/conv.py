@@ -248,7 +248,7 @@ class _ConvolutionGrad:
         return forward * sum(1 for i in wrt if i in (0, 1)) + (dy.nelms if 2 in wrt else 0), moved
 
 
-@register_op("Conv", versions=(1, 11))
+@register_op("Conv", versions=(1, 11, 22))
 class Conv(_Convolution):
     """Y = conv(X, W) + B with groups, strides, dilations and explicit or automatic pads."""
 
@@ -324,7 +324,7 @@ class ConvGrad(_ConvolutionGrad, Conv):
         return self.inputs[0].info  # dY, the forward's Y
 
 
-@register_op("ConvTranspose", versions=(1, 11))
+@register_op("ConvTranspose", versions=(1, 11, 22))
 class ConvTranspose(_Convolution):
     """The gradient of Conv with respect to its input, used as an upsampling layer."""
 

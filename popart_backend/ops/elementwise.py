@@ -155,9 +155,10 @@ class PowArg1Grad(Op):
         return grad.to(b.dtype)
 
 
-@register_op("Mod", versions=(10, 13))
+@register_op("Mod", versions=(10, 13, 28))
 class Mod(Binary):
-    """fmod=0: result takes the divisor's sign (integers only); fmod=1: the dividend's sign."""
+    """fmod=0: a - floor(a / b) * b, the divisor's sign (integers; floats too from version 28);
+    fmod=1: a - trunc(a / b) * b, the dividend's sign."""
 
     @dataclass(frozen=True)
     class Attrs:
@@ -165,36 +166,53 @@ class Mod(Binary):
 
     def infer(self, a, b):
         info = super().infer(a, b)
-        if not self.attrs.fmod and a.dtype.is_float:
+        if not self.attrs.fmod and a.dtype.is_float and self.version < 28:
             raise UnsupportedOpError(
-                f"{self.debug_name}: fmod=0 on {a.dtype.name.lower()} inputs; ONNX requires "
-                f"fmod=1 for floating-point Mod."
+                f"{self.debug_name}: fmod=0 on {a.dtype.name.lower()} inputs; ONNX before "
+                f"opset 28 requires fmod=1 for floating-point Mod (import the model at opset "
+                f"28 or set fmod=1)."
             )
+        self.floored_float = not self.attrs.fmod and a.dtype.is_float
         return info
 
     def kernel(self, a, b):
         if self.attrs.fmod:
             return torch.fmod(a, b)
-        return torch.remainder(a, b)
+        if not self.floored_float:
+            return torch.remainder(a, b)
+        result = torch.remainder(a, b)
+        # Mod-28's special cases: a finite non-zero a over an infinite b is a when the signs
+        # agree and b otherwise; a zero a keeps b's sign; inf a or zero b give NaN (already).
+        finite_a = torch.isfinite(a) & (a != 0)
+        same_sign = torch.signbit(a) == torch.signbit(b)
+        result = torch.where(torch.isinf(b) & finite_a, torch.where(same_sign, a, b), result)
+        zero = torch.copysign(torch.zeros_like(result), b)
+        return torch.where((a == 0) & (b != 0) & ~torch.isnan(b), zero, result)
 
     def grad(self, g):
-        # Float Mod is always fmod: a - trunc(a / b) * b.
+        # d/da = 1; d/db = -floor(a / b) (fmod=0) or -trunc(a / b) (fmod=1).
         dy = g.output_grad(0)
         self.unbroadcast(g, dy, 0)
         if g.needs_input_grad(1):
-            db = g.op("ModArg1Grad", dy, g.input(0), g.input(1), domain=AI_GRAPHCORE)
+            db = g.op("ModArg1Grad", dy, g.input(0), g.input(1), domain=AI_GRAPHCORE,
+                      floor=int(self.floored_float))
             self.unbroadcast(g, db, 1)
 
 
 @register_op("ModArg1Grad", versions=1, domain=AI_GRAPHCORE)
 class ModArg1Grad(Op):
-    """d fmod(a, b)/db * dy = -dy * trunc(a / b), at the output's shape."""
+    """d mod(a, b)/db * dy = -dy * round(a / b), at the output's shape; the rounding is floor
+    for Mod's fmod=0 and trunc for fmod=1."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        floor: int = 0
 
     def infer(self, dy, a, b):
         return dy
 
     def kernel(self, dy, a, b):
-        return -dy * torch.div(a, b, rounding_mode="trunc")
+        return -dy * torch.div(a, b, rounding_mode="floor" if self.attrs.floor else "trunc")
 
 
 # --- variadic -----------------------------------------------------------------------------------

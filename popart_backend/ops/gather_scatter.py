@@ -1,5 +1,5 @@
 """Indexing ops: Gather, GatherElements, GatherND, Scatter, ScatterElements, ScatterND, OneHot,
-TopK, CumSum, NonZero and Compress, at every ONNX since-version up to opset 21.
+TopK, CumSum, NonZero and Compress, at every ONNX since-version up to opset 28.
 
 Index tensors may hold negative values (counted from the end of the indexed axis); kernels map
 them into range with one ``torch.where`` and let torch's bounds checks (or an explicit one when
@@ -405,7 +405,7 @@ class ScatterND(Op):
 # --- OneHot, TopK, CumSum ----------------------------------------------------------------------
 
 
-@register_op("OneHot", versions=(9, 11))
+@register_op("OneHot", versions=(9, 11, 28))
 class OneHot(Op):
     """out = values[1] where the inserted ``axis`` equals the index, values[0] elsewhere.
 
@@ -483,7 +483,7 @@ class OneHotGrad(Op):
         return torch.stack([torch.where(hot, zero, dy).sum(), torch.where(hot, dy, zero).sum()])
 
 
-@register_op("TopK", versions=(1, 10, 11))
+@register_op("TopK", versions=(1, 10, 11, 24))
 class TopK(Op):
     """The k largest (or smallest) values along ``axis`` and their int64 indices.
 
@@ -604,7 +604,7 @@ class NonZero(Op):
         return torch.nonzero(x).t().contiguous()
 
 
-@register_op("Compress", versions=(9, 11))
+@register_op("Compress", versions=(9, 11, 28))
 class Compress(Op):
     """Slices of the input where ``condition`` is true (flattened input without ``axis``).
 

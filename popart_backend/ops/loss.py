@@ -247,7 +247,7 @@ class OnnxLossBase(Op):
                                  ignore_index=self.attrs.ignore_index))
 
 
-@register_op("NegativeLogLikelihoodLoss", versions=(12, 13))
+@register_op("NegativeLogLikelihoodLoss", versions=(12, 13, 22))
 class NegativeLogLikelihoodLoss(OnnxLossBase):
     def infer(self, scores, labels, weights=None):
         return self.check(scores, labels, weights)

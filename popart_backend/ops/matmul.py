@@ -352,7 +352,7 @@ def _split_term(term: str) -> list[str]:
     return re.findall(r"\.\.\.|[A-Za-z]", term)
 
 
-@register_op("Einsum", versions=(12,))
+@register_op("Einsum", versions=(12, 28))
 class Einsum(Op):
     """Einstein summation (torch.einsum), with the equation checked against the input shapes."""
 

@@ -18,7 +18,7 @@ from .gather_scatter import _static_only
 from .registry import AI_GRAPHCORE, register_op
 
 
-@register_op("LpNormalization", versions=1)
+@register_op("LpNormalization", versions=(1, 22))
 class LpNormalization(Op):
     """x / ||x||_p along ``axis`` (p = 1 or 2); a zero-norm slice stays zero."""
 
@@ -64,7 +64,7 @@ class LpNormalizationGrad(LpNormalization):
     grad = Op.grad
 
 
-@register_op("ReverseSequence", versions=10)
+@register_op("ReverseSequence", versions=(10, 28))
 class ReverseSequence(Op):
     """Reverse the first sequence_lens[b] elements along ``time_axis`` of each batch entry b."""
 
@@ -100,7 +100,7 @@ class ReverseSequence(Op):
                                  batch_axis=self.attrs.batch_axis, time_axis=self.attrs.time_axis))
 
 
-@register_op("Det", versions=(11,))
+@register_op("Det", versions=(11, 22))
 class Det(Op):
     """Determinant of the square matrices in the last two axes."""
 
@@ -129,7 +129,7 @@ class DetGrad(Op):
         return scale * torch.linalg.inv(x).transpose(-1, -2)
 
 
-@register_op("MaxUnpool", versions=(9, 11))
+@register_op("MaxUnpool", versions=(9, 11, 22))
 class MaxUnpool(Op):
     """Scatter X into a zero tensor at the flat positions I (MaxPool's indices, which count over
     the whole N·C·spatial tensor). The output size comes from kernel/strides/pads or the optional
@@ -183,7 +183,7 @@ class MaxUnpoolGrad(Op):
         return dy.reshape(-1).gather(0, indices.reshape(-1).long()).reshape(indices.shape)
 
 
-@register_op("Unique", versions=11)
+@register_op("Unique", versions=(11, 28))
 class Unique(Op):
     """Unique elements (or slices along ``axis``), first-occurrence indices, inverse indices and
     counts. The output size depends on the values, so the input must be constant; the op folds."""

@@ -129,7 +129,7 @@ class _WindowPoolGrad:
             raise ShapeError(f"{self.debug_name}: dY {dy} must have the output shape {y}.")
 
 
-@register_op("MaxPool", versions=(1, 8, 10, 11, 12))
+@register_op("MaxPool", versions=(1, 8, 10, 11, 12, 22))
 class MaxPool(_WindowPool):
     """Y = max over each window; Indices (version >= 8) = flat index of the max in X."""
 
@@ -334,7 +334,7 @@ def _counts(win: Window, in_sizes, include_pad: bool) -> list[list[int]]:
     return result
 
 
-@register_op("AveragePool", versions=(1, 7, 10, 11, 19))
+@register_op("AveragePool", versions=(1, 7, 10, 11, 19, 22))
 class AveragePool(_WindowPool):
     """Y = mean over each window; count_include_pad decides whether pads count."""
 
@@ -451,7 +451,7 @@ class AveragePoolGrad(_WindowPoolGrad, AveragePool):
         return self._backward(dy, x, *self._backward_args)
 
 
-@register_op("LpPool", versions=(1, 2, 11, 18))
+@register_op("LpPool", versions=(1, 2, 11, 18, 22))
 class LpPool(_WindowPool):
     """Y = (sum over each window of |x|^p)^(1/p); pads contribute zeros."""
 
@@ -543,7 +543,7 @@ class _GlobalPool(Op):
         return TensorInfo(x.dtype, x.shape[:2] + (1,) * (x.rank - 2))
 
 
-@register_op("GlobalAveragePool", versions=(1,))
+@register_op("GlobalAveragePool", versions=(1, 22))
 class GlobalAveragePool(_GlobalPool):
     def kernel(self, x):
         return x.mean(self._dims, keepdim=True)
@@ -569,7 +569,7 @@ class GlobalAveragePoolGrad(Op):
         return (dy * self._scale).expand(self.attrs.shape).contiguous()
 
 
-@register_op("GlobalMaxPool", versions=(1,))
+@register_op("GlobalMaxPool", versions=(1, 22))
 class GlobalMaxPool(_GlobalPool):
     def kernel(self, x):
         return x.amax(self._dims, keepdim=True)
@@ -595,7 +595,7 @@ class GlobalMaxPoolGrad(Op):
         return dx.reshape(x.shape)
 
 
-@register_op("GlobalLpPool", versions=(1, 2))
+@register_op("GlobalLpPool", versions=(1, 2, 22))
 class GlobalLpPool(_GlobalPool):
     @dataclass(frozen=True)
     class Attrs:

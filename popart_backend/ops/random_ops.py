@@ -122,7 +122,7 @@ class _FromInput(RandomOp):
         return self.draw(seed)
 
 
-@register_op("RandomNormal", versions=1)
+@register_op("RandomNormal", versions=(1, 22))
 class RandomNormal(_FromShape, _Normal):
     """Samples of N(mean, scale²)."""
 
@@ -135,7 +135,7 @@ class RandomNormal(_FromShape, _Normal):
         seed: float | None = None
 
 
-@register_op("RandomUniform", versions=1)
+@register_op("RandomUniform", versions=(1, 22))
 class RandomUniform(_FromShape, _Uniform):
     """Samples of U[low, high)."""
 
@@ -148,17 +148,17 @@ class RandomUniform(_FromShape, _Uniform):
         seed: float | None = None
 
 
-@register_op("RandomNormalLike", versions=1)
+@register_op("RandomNormalLike", versions=(1, 22))
 class RandomNormalLike(_FromInput, _Normal):
     Attrs = _NormalAttrs
 
 
-@register_op("RandomUniformLike", versions=1)
+@register_op("RandomUniformLike", versions=(1, 22))
 class RandomUniformLike(_FromInput, _Uniform):
     Attrs = _UniformAttrs
 
 
-@register_op("Bernoulli", versions=15)
+@register_op("Bernoulli", versions=(15, 22))
 class Bernoulli(RandomOp):
     """1 with probability input, else 0; dtype defaults to the input's."""
 
@@ -180,7 +180,7 @@ class Bernoulli(RandomOp):
         return (draws < p).to(self._info.dtype.torch)
 
 
-@register_op("Multinomial", versions=7)
+@register_op("Multinomial", versions=(7, 22))
 class Multinomial(RandomOp):
     """``sample_size`` class indices per row of [batch, classes] unnormalized log-probabilities,
     drawn with replacement."""

@@ -306,7 +306,7 @@ class ReduceL2Grad(ReduceGrad):
         return x * torch.where(y == 0, 0, self.kept_shape(dy) / y)
 
 
-@register_op("ReduceLogSum", versions=(1, 11, 13, 18))
+@register_op("ReduceLogSum", versions=(1, 11, 13, 18, 28))
 class ReduceLogSum(Reduce):
     def reduce(self, x):
         if self.is_int:
@@ -325,7 +325,7 @@ class ReduceLogSumGrad(ReduceGrad):
         return self.broadcast(dy * torch.exp(-y))
 
 
-@register_op("ReduceLogSumExp", versions=(1, 11, 13, 18))
+@register_op("ReduceLogSumExp", versions=(1, 11, 13, 18, 28))
 class ReduceLogSumExp(Reduce):
     def reduce(self, x):
         if self.is_int:

@@ -1,4 +1,4 @@
-"""Recurrent ops: RNN, GRU and LSTM (every ai.onnx version up to 21) and their gradients.
+"""Recurrent ops: RNN, GRU and LSTM (every ai.onnx version up to 28) and their gradients.
 
 Shapes (layout 0; layout 1, from version 14, puts the batch first in X, Y, the initial and
 the final states): X [S, N, I]; W [D, G·H, I]; R [D, G·H, H]; B [D, 2·G·H] (W's bias then
@@ -552,7 +552,7 @@ class _RecurrentGrad(_Recurrent):
 # --- the registered ops -------------------------------------------------------------------------
 
 
-@register_op("RNN", versions=(1, 7, 14))
+@register_op("RNN", versions=(1, 7, 14, 22))
 class RNN(_RecurrentForward):
     """H_t = f(X_t·Wᵀ + H_{t-1}·Rᵀ + Wb + Rb)."""
 
@@ -570,7 +570,7 @@ class RNNGrad(_RecurrentGrad):
     Attrs = _Attrs14
 
 
-@register_op("GRU", versions=(1, 3, 7, 14))
+@register_op("GRU", versions=(1, 3, 7, 14, 22))
 class GRU(_RecurrentForward):
     """z, r = f(..), h~ = g(X·Whᵀ + (r ⊙ H)·Rhᵀ + ..) (or r ⊙ (H·Rhᵀ + Rbh) with
     linear_before_reset); H_t = (1 - z) ⊙ h~ + z ⊙ H_{t-1}."""
@@ -589,7 +589,7 @@ class GRUGrad(_RecurrentGrad):
     Attrs = _GruAttrs14
 
 
-@register_op("LSTM", versions=(1, 7, 14))
+@register_op("LSTM", versions=(1, 7, 14, 22))
 class LSTM(_RecurrentForward):
     """Gates i, o, f = f(..) (with peepholes), c~ = g(..), C_t = f ⊙ C_{t-1} + i ⊙ c~,
     H_t = o ⊙ h(C_t); input_forget couples f = 1 - i."""

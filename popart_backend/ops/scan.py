@@ -20,7 +20,7 @@ from .control_flow import Body, SubgraphOp, check_body_outputs
 from .registry import register_op
 
 
-@register_op("Scan", versions=(8, 9, 11, 16, 19, 21))
+@register_op("Scan", versions=(8, 9, 11, 16, 19, 21, 23, 24, 25))
 class Scan(SubgraphOp):
     """(states, scan outputs) = iterate body(states, slices) over the scan inputs' sequence axis.
 

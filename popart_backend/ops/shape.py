@@ -1,5 +1,5 @@
 """Shape-manipulation ops (spec §6.1, F78): Reshape, Squeeze, Unsqueeze, Flatten, Transpose,
-Identity, Tile, Expand, DepthToSpace and SpaceToDepth, at every ai.onnx since-version <= 21.
+Identity, Tile, Expand, DepthToSpace and SpaceToDepth, at every ai.onnx since-version <= 28.
 Slice, Split, Concat and Pad live in ``slicing.py``; Shape, Size, Range, ConstantOfShape,
 Constant, EyeLike and Trilu in ``generators.py``. Both use the helpers defined here.
 
@@ -140,7 +140,7 @@ def reshape_target(op: Op, in_shape: tuple[int, ...], requested, allowzero: bool
     return tuple(out)
 
 
-@register_op("Reshape", versions=(1, 5, 13, 14, 19, 21))
+@register_op("Reshape", versions=(1, 5, 13, 14, 19, 21, 23, 24, 25))
 class Reshape(_Reshaping):
     """Reshape-1 takes ``shape`` as an attribute, 5+ as a constant input; 14+ adds allowzero."""
 
@@ -178,7 +178,7 @@ class Reshape(_Reshaping):
         return x.reshape(self.out_shape)
 
 
-@register_op("Squeeze", versions=(1, 11, 13, 21))
+@register_op("Squeeze", versions=(1, 11, 13, 21, 23, 24, 25))
 class Squeeze(_Reshaping):
     """``axes`` is an attribute before 13 and an optional constant input from 13."""
 
@@ -214,7 +214,7 @@ class Squeeze(_Reshaping):
         return x.reshape(self.out_shape)
 
 
-@register_op("Unsqueeze", versions=(1, 11, 13, 21))
+@register_op("Unsqueeze", versions=(1, 11, 13, 21, 23, 24, 25))
 class Unsqueeze(_Reshaping):
     """``axes`` (of the output) is an attribute before 13 and a constant input from 13."""
 
@@ -242,7 +242,7 @@ class Unsqueeze(_Reshaping):
         return x.reshape(self.out_shape)
 
 
-@register_op("Flatten", versions=(1, 9, 11, 13, 21))
+@register_op("Flatten", versions=(1, 9, 11, 13, 21, 23, 24, 25))
 class Flatten(_Reshaping):
     """2-D output [prod(shape[:axis]), prod(shape[axis:])]; negative axis from 11."""
 
@@ -267,7 +267,7 @@ class Flatten(_Reshaping):
         return x.reshape(self.out_shape)
 
 
-@register_op("Transpose", versions=(1, 13, 21))
+@register_op("Transpose", versions=(1, 13, 21, 23, 24, 25))
 class Transpose(ViewOp):
     """Permute the axes; the default ``perm`` reverses them."""
 
@@ -295,7 +295,7 @@ class Transpose(ViewOp):
         g.set_input_grad(0, g.op("Transpose", g.output_grad(0), perm=inverse))
 
 
-@register_op("Identity", versions=(1, 13, 14, 16, 19, 21))
+@register_op("Identity", versions=(1, 13, 14, 16, 19, 21, 23, 24, 25))
 class Identity(ViewOp):
     """Tensor inputs only (sequence and optional values do not exist in this IR)."""
 
@@ -390,7 +390,7 @@ class _Rearrange(Op):
         g.set_input_grad(0, reshape_grad(g, dy, g.input_info(0).shape))
 
 
-@register_op("DepthToSpace", versions=(1, 11, 13))
+@register_op("DepthToSpace", versions=(1, 11, 13, 28))
 class DepthToSpace(_Rearrange):
     """[N, C, H, W] -> [N, C/b², H·b, W·b]; mode DCR (depth-column-row, default) or CRD (11+)."""
 
@@ -425,21 +425,36 @@ class DepthToSpace(_Rearrange):
         return data.with_shape(self.out_shape)
 
 
-@register_op("SpaceToDepth", versions=(1, 13))
+@register_op("SpaceToDepth", versions=(1, 13, 28))
 class SpaceToDepth(_Rearrange):
-    """[N, C, H, W] -> [N, C·b², H/b, W/b], the inverse of DepthToSpace in DCR mode."""
+    """[N, C, H, W] -> [N, C·b², H/b, W/b], the inverse of DepthToSpace in the same mode
+    (``mode`` DCR or CRD from version 28; DCR before)."""
 
     @dataclass(frozen=True)
     class Attrs:
         blocksize: int
+        mode: str = "DCR"
+
+    @dataclass(frozen=True)
+    class Attrs1:
+        blocksize: int
+
+    @classmethod
+    def attrs_type(cls, version):
+        return cls.Attrs if version >= 28 else cls.Attrs1
 
     def infer(self, data):
         b = self.attrs.blocksize
+        mode = getattr(self.attrs, "mode", "DCR")
+        if mode not in ("DCR", "CRD"):
+            raise ShapeError(f"{self.debug_name}: mode '{mode}' must be 'DCR' or 'CRD'.")
         if data.rank != 4 or b <= 0 or data.shape[2] % b or data.shape[3] % b:
             raise ShapeError(
                 f"{self.debug_name}: input '{self.inputs[0].id}' {data} must be 4-D [N,C,H,W] "
                 f"with H and W divisible by blocksize {b}.")
         n, c, h, w = data.shape
-        self.split_shape, self.perm = (n, c, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4)
+        self.split_shape = (n, c, h // b, b, w // b, b)
+        # DCR puts the block offsets before the channel, CRD after it.
+        self.perm = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
         self.out_shape = (n, c * b * b, h // b, w // b)
         return data.with_shape(self.out_shape)

@@ -1,5 +1,5 @@
 """Slicing and joining ops (spec §6.1, F78): Slice, Split, Concat and Pad, at every ai.onnx
-since-version <= 21, with the grad ops SliceGrad and PadGrad (ai.graphcore domain).
+since-version <= 28, with the grad ops SliceGrad and PadGrad (ai.graphcore domain).
 
 Their starts, ends, axes, steps, split sizes and pads are constant operands, resolved once in
 ``infer()`` with the helpers of ``shape.py``.
@@ -323,7 +323,7 @@ def _pad_gathers(op: Op, shape, out_shape, begins, ends, mode: str) -> list:
     return gathers
 
 
-@register_op("Pad", versions=(1, 2, 11, 13, 18, 19, 21))
+@register_op("Pad", versions=(1, 2, 11, 13, 18, 19, 21, 23, 24, 25))
 class Pad(Op):
     """Pads are [x1_begin, x2_begin, ..., x1_end, x2_end, ...]; negative pads crop.
 

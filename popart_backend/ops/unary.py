@@ -112,7 +112,7 @@ class Ceil(LegacyConsumedInputs, Unary):
         """Piecewise constant: zero gradient, so nothing flows back."""
 
 
-@register_op("Round", versions=11)
+@register_op("Round", versions=(11, 22))
 class Round(Unary):
     # torch.round rounds halves to even, as ONNX asks.
     def kernel(self, x):
@@ -142,7 +142,7 @@ class Sign(Unary):
 # --- trigonometric and hyperbolic -----------------------------------------------------------------
 
 
-@register_op("Sin", versions=7)
+@register_op("Sin", versions=(7, 22))
 class Sin(Unary):
     def kernel(self, x):
         return torch.sin(x)
@@ -157,7 +157,7 @@ class SinGrad(ElementwiseGrad):
         return dy * torch.cos(x)
 
 
-@register_op("Cos", versions=7)
+@register_op("Cos", versions=(7, 22))
 class Cos(Unary):
     def kernel(self, x):
         return torch.cos(x)
@@ -172,7 +172,7 @@ class CosGrad(ElementwiseGrad):
         return -dy * torch.sin(x)
 
 
-@register_op("Tan", versions=7)
+@register_op("Tan", versions=(7, 22))
 class Tan(Unary):
     def kernel(self, x):
         return torch.tan(x)
@@ -187,7 +187,7 @@ class TanGrad(ElementwiseGrad):
         return dy * (1 + y * y)
 
 
-@register_op("Asin", versions=7)
+@register_op("Asin", versions=(7, 22))
 class Asin(Unary):
     def kernel(self, x):
         return torch.asin(x)
@@ -202,7 +202,7 @@ class AsinGrad(ElementwiseGrad):
         return dy * torch.rsqrt(1 - x * x)
 
 
-@register_op("Acos", versions=7)
+@register_op("Acos", versions=(7, 22))
 class Acos(Unary):
     def kernel(self, x):
         return torch.acos(x)
@@ -217,7 +217,7 @@ class AcosGrad(ElementwiseGrad):
         return -dy * torch.rsqrt(1 - x * x)
 
 
-@register_op("Atan", versions=7)
+@register_op("Atan", versions=(7, 22))
 class Atan(Unary):
     def kernel(self, x):
         return torch.atan(x)
@@ -232,7 +232,7 @@ class AtanGrad(ElementwiseGrad):
         return dy / (1 + x * x)
 
 
-@register_op("Sinh", versions=9)
+@register_op("Sinh", versions=(9, 22))
 class Sinh(Unary):
     def kernel(self, x):
         return torch.sinh(x)
@@ -247,7 +247,7 @@ class SinhGrad(ElementwiseGrad):
         return dy * torch.cosh(x)
 
 
-@register_op("Cosh", versions=9)
+@register_op("Cosh", versions=(9, 22))
 class Cosh(Unary):
     def kernel(self, x):
         return torch.cosh(x)
@@ -262,7 +262,7 @@ class CoshGrad(ElementwiseGrad):
         return dy * torch.sinh(x)
 
 
-@register_op("Asinh", versions=9)
+@register_op("Asinh", versions=(9, 22))
 class Asinh(Unary):
     def kernel(self, x):
         return torch.asinh(x)
@@ -277,7 +277,7 @@ class AsinhGrad(ElementwiseGrad):
         return dy * torch.rsqrt(x * x + 1)
 
 
-@register_op("Acosh", versions=9)
+@register_op("Acosh", versions=(9, 22))
 class Acosh(Unary):
     def kernel(self, x):
         return torch.acosh(x)
@@ -292,7 +292,7 @@ class AcoshGrad(ElementwiseGrad):
         return dy * torch.rsqrt(x * x - 1)
 
 
-@register_op("Atanh", versions=9)
+@register_op("Atanh", versions=(9, 22))
 class Atanh(Unary):
     def kernel(self, x):
         return torch.atanh(x)

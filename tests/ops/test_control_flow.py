@@ -16,9 +16,9 @@ from popart_backend.ops.registry import registered_versions
 from popart_backend.transforms.autodiff import Autodiff
 from tests.helpers import assert_close, rand, run_onnxruntime, run_popart
 
-IF_VERSIONS = [1, 11, 13, 16, 19, 21]
-LOOP_VERSIONS = [1, 11, 13, 16, 19, 21]
-SCAN_VERSIONS = [9, 11, 16, 19, 21]
+IF_VERSIONS = [1, 11, 13, 16, 19, 21, 23, 24, 25]
+LOOP_VERSIONS = [1, 11, 13, 16, 19, 21, 23, 24, 25]
+SCAN_VERSIONS = [9, 11, 16, 19, 21, 23, 24, 25]
 
 
 def vi(name, elem=TP.FLOAT, shape=None):

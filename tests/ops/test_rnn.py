@@ -41,15 +41,15 @@ def operands(kind, direction, seq=4, batch=3, inp=5, hidden=2, layout=0, bias=Tr
 
 
 def test_registered_versions():
-    assert registered_versions("RNN") == [1, 7, 14]
-    assert registered_versions("GRU") == [1, 3, 7, 14]
-    assert registered_versions("LSTM") == [1, 7, 14]
+    assert registered_versions("RNN") == [1, 7, 14, 22]
+    assert registered_versions("GRU") == [1, 3, 7, 14, 22]
+    assert registered_versions("LSTM") == [1, 7, 14, 22]
 
 
 @pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
 @pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("optional", ["none", "bias", "all"])
-@pytest.mark.parametrize("opset", [7, 14, 21])
+@pytest.mark.parametrize("opset", [7, 14, 22])
 def test_against_onnxruntime(kind, direction, optional, opset):
     full = optional == "all"
     ins = operands(kind, direction, bias=optional != "none", lens=full, initial=full,
