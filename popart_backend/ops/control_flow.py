@@ -23,7 +23,10 @@ Static shapes (the simulated IPU has no dynamic shapes):
 
 Gradients: If and Call differentiate their bodies with a nested autodiff (``GradBuilder.
 differentiate``) into gradient bodies run by an If / Call of the same condition / arguments.
-Loop and Scan are not differentiable yet and say so.
+Loop and Scan (trip count known at compile time) unroll: the forward is recomputed one
+iteration at a time as Calls of the body, which gives every iteration's inputs, and each
+iteration's backward is a Call of the body's gradient graph, last iteration first. Nothing is
+stashed; the cost is a second forward pass and a graph that grows with the trip count.
 """
 
 from __future__ import annotations
@@ -200,7 +203,7 @@ class If(SubgraphOp):
         return max((self.body_flops(b) for b in self.bodies()), default=(0, 0))
 
     def grad(self, g):
-        wrt = _wanted(g, self, range(1, len(self.inputs)))
+        wrt = wanted_inputs(g, self, range(1, len(self.inputs)))
         if not wrt:
             return
         seeds = _output_grads(g, self)
@@ -255,7 +258,7 @@ class Call(SubgraphOp):
     def grad(self, g):
         callee = self.attrs.callee
         n = callee.num_formal
-        wrt = _wanted(g, self, range(len(self.inputs)))
+        wrt = wanted_inputs(g, self, range(len(self.inputs)))
         if not wrt:
             return
         # Inside the callee an argument is its formal input; a captured tensor keeps its id.
@@ -273,7 +276,7 @@ class Call(SubgraphOp):
 # --- gradient bodies -------------------------------------------------------------------------
 
 
-def _wanted(g, op: Op, indices) -> list[int]:
+def wanted_inputs(g, op: Op, indices) -> list[int]:
     """Input positions needing a gradient, each tensor once (float only)."""
     seen, wanted = set(), []
     for i in indices:
@@ -405,7 +408,7 @@ class Loop(SubgraphOp):
             self._trip_count = self._static_trip_count()
         return [*carried, *(TensorInfo(s.dtype, (self._trip_count, *s.shape)) for s in scans)]
 
-    def _static_trip_count(self) -> int:
+    def _static_trip_count(self, need: str = "its scan outputs need") -> int:
         m = self.inputs[0]
         cond = self.inputs[1]
         why = ""
@@ -417,7 +420,7 @@ class Loop(SubgraphOp):
             why = "the body computes its condition (the loop may stop early)"
         if why:
             raise UnsupportedOpError(
-                f"{self.debug_name}: its scan outputs need a number of iterations known at "
+                f"{self.debug_name}: {need} a number of iterations known at "
                 f"compile time, but {why}. Shapes on the simulated IPU are static: use a "
                 f"constant M with a condition the body passes through unchanged, or return "
                 f"the values as loop-carried values instead of scan outputs."
@@ -461,10 +464,80 @@ class Loop(SubgraphOp):
         return flops * trips, moved * trips
 
     def grad(self, g):
-        raise popart_exception(
-            f"{self.debug_name}: Loop is not differentiable yet. Detach its inputs "
-            f"(aiGraphcore.detach) or unroll the loop in the model."
+        """Unrolled backward (see ``unrolled_calls``): the forward is recomputed one iteration
+        at a time, each iteration's backward is a Call of the body's gradient graph."""
+        body, n = self.attrs.body, self._num_carried
+        num_operands = len(self.inputs) - len(self.captured_ids())
+        captured = wanted_inputs(g, self, range(num_operands, len(self.inputs)))
+        carried = [k for k in range(n) if self.inputs[2 + k] is not None
+                   and self.inputs[2 + k].info.dtype.is_float]
+        if not captured and not any(g.needs_input_grad(2 + k) for k in carried):
+            return
+        trips = self._trip_count
+        if trips is None:
+            trips = self._static_trip_count("its gradient (which unrolls the loop) needs")
+        check_unroll(self, trips)
+        cond = g.const(np.array(True), "cond_true")
+        iters = [g.const(np.array(i, np.int64), f"iteration{i}") for i in range(trips)]
+        # Forward recompute: the carried values at the start of each iteration.
+        states = [[g.input(2 + k) for k in range(n)]]
+        for i in range(trips):
+            outs = call(g, body, [iters[i], cond, *states[-1]], len(body.outputs))
+            states.append(outs[1 : 1 + n])
+        # Backward, last iteration first.
+        carried_grads = {k: g.output_grad(k) for k in carried}
+        scan_seeds = {k: g.output_grad(n + k) for k, t in enumerate(self.outputs[n:])
+                      if t is not None and t.info.dtype.is_float}
+        local = [body.formal[2 + k] for k in carried] + [self.inputs[i].id for i in captured]
+        infos = [self.inputs[2 + k].info for k in carried] + [self.inputs[i].info for i in captured]
+        captured_grads: list[list[str]] = [[] for _ in captured]
+        for i in reversed(range(trips)):
+            seeds = [None, *(carried_grads.get(k) for k in range(n))]
+            for k in range(len(body.outputs) - 1 - n):
+                seeds.append(g.op("Gather", scan_seeds[k], iters[i], axis=0)
+                             if k in scan_seeds else None)
+            grads = call(g, grad_body(g, self, body, seeds, local, infos, f"iteration{i}_grad",
+                                      keep_formal=True),
+                         [iters[i], cond, *states[i]], len(local))
+            carried_grads = dict(zip(carried, grads[: len(carried)]))
+            for acc, grad_id in zip(captured_grads, grads[len(carried):]):
+                acc.append(grad_id)
+        for k in carried:
+            g.set_input_grad(2 + k, carried_grads[k])
+        sum_grads(g, self, captured, captured_grads)
+
+
+def sum_grads(g, op: Op, indices: list[int], parts: list[list[str]]) -> None:
+    """Set input ``indices[k]``'s gradient to the sum of ``parts[k]`` (zeros when empty: a loop
+    that ran no iteration)."""
+    for index, grads in zip(indices, parts):
+        info = op.inputs[index].info
+        if not grads:
+            grad = g.const(np.zeros(info.shape, info.dtype.numpy), "zero_grad")
+        else:
+            grad = grads[0] if len(grads) == 1 else g.op("Sum", *grads)
+        g.set_input_grad(index, grad)
+
+
+# Loop and Scan gradients unroll their iterations; beyond this many the graph gets too large.
+MAX_UNROLLED_ITERATIONS = 1024
+
+
+def check_unroll(op: Op, trips: int) -> None:
+    if trips > MAX_UNROLLED_ITERATIONS:
+        raise UnsupportedOpError(
+            f"{op.debug_name}: its gradient unrolls the {trips} iterations, more than "
+            f"{MAX_UNROLLED_ITERATIONS}. Split the loop, or detach its inputs "
+            f"(aiGraphcore.detach) if no gradient is needed through it."
         )
+
+
+def call(g, body: Body, args: list[str], num_outputs: int) -> list[str]:
+    """Outputs of a Call of ``body`` on ``args`` (its formal inputs) added by grad builder ``g``;
+    the body's captured tensors are read by id from the enclosing graph."""
+    outs = g.op("Call", *args, *body.captured, domain=AI_GRAPHCORE, num_outputs=num_outputs,
+                callee=body)
+    return [outs] if isinstance(outs, str) else list(outs)
 
 
 def _passes_condition_through(body: Body) -> bool:

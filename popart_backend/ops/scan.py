@@ -4,19 +4,29 @@ inputs, carrying states from one step to the next and stacking the per-step scan
 Version 8 has a leading batch axis on every operand and an optional sequence_lens first
 operand; versions 9+ scan along ``scan_input_axes`` in ``scan_input_directions`` and stack
 along ``scan_output_axes``. Bodies, captured inputs and body execution come from
-``control_flow.SubgraphOp``. Scan is not differentiable yet and says so.
+``control_flow.SubgraphOp``. Versions 9+ are differentiable (unrolled, like Loop).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..errors import ShapeError, popart_exception
 from ..ir.tensor import TensorInfo
 from .base import normalize_axis
-from .control_flow import Body, SubgraphOp, check_body_outputs
+from .control_flow import (
+    Body,
+    SubgraphOp,
+    call,
+    check_body_outputs,
+    check_unroll,
+    grad_body,
+    sum_grads,
+    wanted_inputs,
+)
 from .registry import register_op
 
 
@@ -202,7 +212,64 @@ class Scan(SubgraphOp):
         return flops * reps, moved * reps
 
     def grad(self, g):
-        raise popart_exception(
-            f"{self.debug_name}: Scan is not differentiable yet. Detach its inputs "
-            f"(aiGraphcore.detach) or unroll the scan in the model."
-        )
+        """Unrolled like Loop's gradient (``control_flow``): forward recompute step by step,
+        then each step's backward as a Call of the body's gradient graph, last step first."""
+        if self.version < 9:
+            raise popart_exception(
+                f"{self.debug_name}: Scan-8 (batched, with sequence_lens) is not differentiable. "
+                f"Import the model at opset 9 or later, where Scan has no batch axis.")
+        body, n = self.attrs.body, self._num_states
+        num_operands = len(self.inputs) - len(self.captured_ids())
+        scans = list(range(n, num_operands))
+        floats = [i for i in range(num_operands) if self.inputs[i].info.dtype.is_float]
+        captured = wanted_inputs(g, self, range(num_operands, len(self.inputs)))
+        if not captured and not any(g.needs_input_grad(i) for i in floats):
+            return
+        steps = self._seq_len
+        check_unroll(self, steps)
+        in_dirs = self.attrs.scan_input_directions or (0,) * len(scans)
+        out_dirs = self.attrs.scan_output_directions or (0,) * (len(body.outputs) - n)
+        position = {t: g.const(np.array(t, np.int64), f"step{t}") for t in range(steps)}
+
+        def at(step: int, reverse: int) -> str:
+            return position[steps - 1 - step if reverse else step]
+
+        slices = [[g.op("Gather", g.input(i), at(t, rev), axis=axis)
+                   for i, axis, rev in zip(scans, self._input_axes_, in_dirs)]
+                  for t in range(steps)]
+        states = [[g.input(k) for k in range(n)]]
+        for t in range(steps):
+            states.append(call(g, body, [*states[-1], *slices[t]], len(body.outputs))[:n])
+        state_grads = {k: g.output_grad(k) for k in range(n) if k in floats}
+        out_seeds = {k: g.output_grad(n + k) for k, t in enumerate(self.outputs[n:])
+                     if t is not None and t.info.dtype.is_float}
+        local = [body.formal[i] for i in floats] + [self.inputs[i].id for i in captured]
+        infos = [body.graph.tensors[body.formal[i]].info for i in floats] + [
+            self.inputs[i].info for i in captured]
+        slice_grads: dict[int, dict[int, str]] = {i: {} for i in floats if i >= n}
+        captured_grads: list[list[str]] = [[] for _ in captured]
+        for t in reversed(range(steps)):
+            seeds = [state_grads.get(k) for k in range(n)]
+            for k, axis in enumerate(self._output_axes):
+                seeds.append(g.op("Gather", out_seeds[k], at(t, out_dirs[k]), axis=axis)
+                             if k in out_seeds else None)
+            gbody = grad_body(g, self, body, seeds, local, infos, f"step{t}_grad",
+                              keep_formal=True)
+            outs = call(g, gbody, [*states[t], *slices[t]], len(local))
+            state_grads = {i: outs[j] for j, i in enumerate(floats) if i < n}
+            for j, i in enumerate(floats):
+                if i >= n:
+                    k = i - n
+                    pos = steps - 1 - t if in_dirs[k] else t
+                    slice_grads[i][pos] = outs[j]
+            for acc, grad_id in zip(captured_grads, outs[len(floats):]):
+                acc.append(grad_id)
+        for k in range(n):
+            if k in state_grads:
+                g.set_input_grad(k, state_grads[k])
+        for i, parts in slice_grads.items():
+            axis = self._input_axes_[i - n]
+            pieces = [g.op("Unsqueeze", parts[p], g.const(np.array([axis], np.int64), "axis"))
+                      for p in range(steps)]
+            g.set_input_grad(i, pieces[0] if steps == 1 else g.op("Concat", *pieces, axis=axis))
+        sum_grads(g, self, captured, captured_grads)

@@ -6,8 +6,9 @@ outputs anchored "All")``, a CPU device, ``prepareDevice()``, ``PyStepIO`` with
 
 - The simulated IPU has static shapes, so inputs an op reads at compile time (axes, shapes,
   sizes: ``OpDefinition.Input.constant`` in ``getSupportedOperationsDefinition``) must be
-  constants. A case that feeds such a slot from a graph input gets that input bound to its test
-  value as an initializer (only when every data set gives it the same value).
+  constants. A case that feeds such a slot from a graph input, directly or through ops that
+  compute the slot's value, gets that input bound to its test value as an initializer (only
+  when every data set gives it the same value).
 - Graph inputs without a complete static shape get it from the test data through
   ``InputShapeInfo``, as a user would.
 
@@ -43,22 +44,50 @@ def _resolved_definition(domain: str, op_type: str, opset: int):
     return _DEFINITIONS[popart.OperatorIdentifier(domain, op_type, max(versions))]
 
 
+# Ops whose outputs depend on their input's static shape only, never on its values.
+_SHAPE_ONLY = {"Shape", "Size"}
+
+
+def _outer_scope_reads(node: onnx.NodeProto) -> set[str]:
+    """Names the subgraphs of ``node`` read (a superset of their outer-scope reads)."""
+    names = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.HasField("g") else list(attr.graphs)
+        for graph in graphs:
+            for inner in graph.node:
+                names.update(n for n in inner.input if n)
+                names.update(_outer_scope_reads(inner))
+    return names
+
+
 def _constant_inputs(model: onnx.ModelProto) -> set[str]:
-    """Graph inputs that feed an input slot the op must know at compile time."""
+    """Graph inputs that an input slot the op must know at compile time depends on: directly,
+    or through ops computing that slot's value (the ``_expanded`` function bodies compute
+    shapes and sizes from scalar graph inputs)."""
     opsets = {(o.domain or "ai.onnx"): o.version for o in model.opset_import}
     graph_inputs = {i.name for i in model.graph.input}
-    names = set()
+    needed = set()
     for node in model.graph.node:
         definition = _resolved_definition(node.domain, node.op_type,
                                           opsets.get(node.domain or "ai.onnx", 1))
         if definition is None:
             continue
         for slot, name in enumerate(node.input):
-            if name in graph_inputs and slot < len(definition.inputs) and (
-                definition.inputs[slot].constant
-            ):
-                names.add(name)
-    return names
+            if name and slot < len(definition.inputs) and definition.inputs[slot].constant:
+                needed.add(name)
+    # A value needed at compile time needs every value it is computed from, including the
+    # outer-scope values an If / Loop / Scan body reads.
+    changed = True
+    while changed:
+        changed = False
+        for node in model.graph.node:
+            if node.op_type in _SHAPE_ONLY or not needed.intersection(node.output):
+                continue
+            for name in [*node.input, *_outer_scope_reads(node)]:
+                if name and name not in needed:
+                    needed.add(name)
+                    changed = True
+    return needed & graph_inputs
 
 
 def _is_static(value_info: onnx.ValueInfoProto) -> bool:

@@ -1,5 +1,5 @@
-"""If, Loop, Scan and Call (spec F23, §6.1) against onnxruntime; If/Call gradients against
-torch.autograd; the static-shape errors."""
+"""If, Loop, Scan and Call (spec F23, §6.1) against onnxruntime; If/Call/Loop/Scan gradients
+against torch.autograd; the static-shape errors."""
 
 from __future__ import annotations
 
@@ -247,13 +247,45 @@ def test_loop_carried_shape_must_not_change():
         import_model(m)
 
 
-def test_loop_is_not_differentiable_yet():
+@pytest.mark.parametrize("trips", [0, 1, 3])
+def test_loop_gradient(trips):
+    """Loop's unrolled gradient w.r.t. its initial carried value and a captured weight, for the
+    final carried value and the scan output, against torch.autograd of the same loop."""
     body = _loop_body(helper.make_node("Identity", ["cond_in"], ["cond_out"]))
+    a0, w = rand(3, seed=8), rand(3, seed=9)
     m = model([helper.make_node("Loop", ["M", "", "a0"], ["af", "sc"], body=body)],
-              [vi("a0", TP.FLOAT, [3])], ["af", "sc"], 13,
+              [vi("x", TP.FLOAT, [1])], ["af", "sc"], 13,
+              [numpy_helper.from_array(np.array(trips, np.int64), "M"),
+               numpy_helper.from_array(a0, "a0"), numpy_helper.from_array(w, "w")])
+    ours, seeds = grads_of(m, {"x": rand(1)}, ["a0", "w"], ["af", "sc"])
+    ta = torch.tensor(a0, dtype=torch.float64, requires_grad=True)
+    tw = torch.tensor(w, dtype=torch.float64, requires_grad=True)
+    a, scans = ta, []
+    for i in range(trips):
+        a = (a + i) * tw
+        scans.append(a)
+    total = (a * torch.from_numpy(seeds["af"]).double()).sum()
+    if scans:
+        total = total + (torch.stack(scans) * torch.from_numpy(seeds["sc"]).double()).sum()
+        total.backward()
+    for name, leaf in [("a0", ta), ("w", tw)]:
+        if leaf.grad is None:  # zero iterations: af = a0, nothing reaches w
+            expected = seeds["af"] if name == "a0" else np.zeros(3)
+        else:
+            expected = leaf.grad.numpy()
+        assert_close(ours[name], expected.astype(np.float32), f"d{name}", rtol=1e-4, atol=1e-5)
+
+
+def test_loop_gradient_needs_static_trip_count():
+    body = _loop_body(helper.make_node("Less", ["total", "limit"], ["cond_out"]))
+    body.output.pop()  # no scan output
+    m = model([helper.make_node("Loop", ["M", "", "a0"], ["af"], body=body)],
+              [vi("a0", TP.FLOAT, [3])], ["af"], 13,
               [numpy_helper.from_array(np.array(2, np.int64), "M"),
+               numpy_helper.from_array(np.array(20.0, np.float32), "limit"),
                numpy_helper.from_array(rand(3), "w")])
-    with pytest.raises(popart_exception, match="Loop .*not differentiable yet"):
+    with pytest.raises(UnsupportedOpError, match="Loop .*its gradient .*body computes its "
+                                                 "condition"):
         grads_of(m, {"a0": rand(3)}, ["w"], ["af"])
 
 
@@ -315,16 +347,70 @@ def test_scan_sequence_lengths_must_agree():
         import_model(m)
 
 
-def test_scan_reads_outer_weight_and_is_not_differentiable():
+def test_scan_8_is_not_differentiable():
+    node = helper.make_node("Scan", ["", "s0", "x", "y"], ["sf", "o1", "o2"], body=_scan_body(),
+                            num_scan_inputs=2)
+    m = model([node], [vi("d", TP.FLOAT, [1])], ["sf"], 8,
+              [numpy_helper.from_array(v, k) for k, v in
+               [("s0", rand(3, 2)), ("x", rand(3, 4, 2)), ("y", rand(3, 4, 2))]])
+    with pytest.raises(popart_exception, match="Scan-8 .*not differentiable.*opset 9"):
+        grads_of(m, {"d": rand(1)}, ["s0"], ["sf"])
+
+
+def test_scan_reads_outer_weight_and_its_gradient():
     body = helper.make_graph(
         [helper.make_node("Mul", ["x", "w"], ["xw"]), helper.make_node("Add", ["s", "xw"], ["s_out"])],
         "body", [vi("s", TP.FLOAT, [2]), vi("x", TP.FLOAT, [2])], [vi("s_out", TP.FLOAT, [2])])
     m = model([helper.make_node("Scan", ["s0", "x"], ["sf"], body=body, num_scan_inputs=1)],
               [vi("s0", TP.FLOAT, [2]), vi("x", TP.FLOAT, [5, 2])], ["sf"], 11,
               [numpy_helper.from_array(rand(2), "w")])
-    compare(m, {"s0": rand(2), "x": rand(5, 2)})
-    with pytest.raises(popart_exception, match="Scan .*not differentiable yet"):
-        grads_of(m, {"s0": rand(2), "x": rand(5, 2)}, ["w"], ["sf"])
+    feeds = {"s0": rand(2), "x": rand(5, 2)}
+    compare(m, feeds)
+    ours, seeds = grads_of(m, feeds, ["w"], ["sf"])
+    # sf = s0 + sum_t x_t * w, so dsf/dw = sum_t x_t.
+    assert_close(ours["w"], seeds["sf"] * feeds["x"].sum(0), "dw", rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("attrs", [
+    {},
+    {"scan_input_directions": [1, 0], "scan_output_directions": [0, 1]},
+    {"scan_input_axes": [1, 0], "scan_output_axes": [1, 0]},
+])
+def test_scan_gradient(attrs):
+    """Scan-9+'s unrolled gradient w.r.t. its initial state and both scan inputs, for the final
+    state and both scan outputs, against torch.autograd of the same iteration."""
+    axes = attrs.get("scan_input_axes", [0, 0])
+    s0, y = rand(2, seed=10), rand(4, 2, seed=11)
+    x = rand(4, 2, seed=12) if axes[0] == 0 else rand(2, 4, seed=12)
+    m = model([helper.make_node("Scan", ["s0", "x", "y"], ["sf", "o1", "o2"], body=_scan_body(),
+                                num_scan_inputs=2, **attrs)],
+              [vi("d", TP.FLOAT, [1])], ["sf", "o1", "o2"], 16,
+              [numpy_helper.from_array(v, k) for k, v in [("s0", s0), ("x", x), ("y", y)]])
+    ours, seeds = grads_of(m, {"d": rand(1)}, ["s0", "x", "y"], ["sf", "o1", "o2"])
+    leaves = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True)
+              for k, v in [("s0", s0), ("x", x), ("y", y)]}
+    in_dirs = attrs.get("scan_input_directions", [0, 0])
+    out_dirs = attrs.get("scan_output_directions", [0, 0])
+    out_axes = attrs.get("scan_output_axes", [0, 0])
+    xs = leaves["x"] if axes[0] == 0 else leaves["x"].T
+    xs = xs.flip(0) if in_dirs[0] else xs
+    ys = leaves["y"].flip(0) if in_dirs[1] else leaves["y"]
+    s, o1, o2 = leaves["s0"], [], []
+    for t in range(4):
+        s = s + xs[t] * ys[t]
+        o1.append(s + s)
+        o2.append(xs[t] - ys[t])
+    outs = {"sf": s}
+    for name, values, direction, axis in [("o1", o1, out_dirs[0], out_axes[0]),
+                                          ("o2", o2, out_dirs[1], out_axes[1])]:
+        stacked = torch.stack(values)
+        stacked = stacked.flip(0) if direction else stacked
+        outs[name] = stacked.movedim(0, axis)
+    total = sum((v * torch.from_numpy(seeds[k]).double()).sum() for k, v in outs.items())
+    total.backward()
+    for name, leaf in leaves.items():
+        assert_close(ours[name], leaf.grad.numpy().astype(np.float32), f"d{name}", rtol=1e-4,
+                     atol=1e-5)
 
 
 def test_loop_inside_scan_body_and_printing():
