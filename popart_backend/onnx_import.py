@@ -33,7 +33,9 @@ from .ops.registry import (
     AI_ONNX, const_input_positions, create_op, make_attrs, normalize_domain, resolve,
 )
 from .transforms.const_fold import try_fold
+from .onnx_gradient import add_gradient, is_gradient_node
 from .onnx_sequences import StaticSequences
+from .onnx_value_io import ValueIO
 
 _log = logging.getLogger("popart:ir")
 
@@ -99,18 +101,25 @@ def initializer_value(init: onnx.TensorProto, base_dir: Path) -> np.ndarray:
             raise ModelError(
                 f"Initializer '{init.name}': external data file '{target}' does not exist."
             )
-        dtype = DataType.from_onnx(init.data_type).numpy
         offset = int(info.get("offset", 0))
         count = int(np.prod(init.dims, dtype=np.int64))
+        # 4-bit and 2-bit types are packed in the file (DataType.bits).
+        num_bytes = (count * DataType.from_onnx(init.data_type).bits + 7) // 8
         with open(target, "rb") as f:
             f.seek(offset)
-            raw = f.read(count * dtype.itemsize)
-        if len(raw) != count * dtype.itemsize:
+            raw = f.read(num_bytes)
+        if len(raw) != num_bytes:
             raise ModelError(
                 f"Initializer '{init.name}': external file '{location}' holds {len(raw)} bytes at "
-                f"offset {offset}, {count * dtype.itemsize} needed."
+                f"offset {offset}, {num_bytes} needed."
             )
-        return np.frombuffer(raw, dtype=dtype).reshape(tuple(init.dims)).copy()
+        # onnx decodes raw bytes of every type (ml_dtypes arrays for float8, int4 ...).
+        inline = onnx.TensorProto()
+        inline.CopyFrom(init)
+        del inline.external_data[:]
+        inline.data_location = onnx.TensorProto.DEFAULT
+        inline.raw_data = raw
+        return numpy_helper.to_array(inline).copy()
     return numpy_helper.to_array(init).copy()
 
 
@@ -164,6 +173,8 @@ def tensor_info_of(value_info: onnx.ValueInfoProto, shape_info: dict) -> TensorI
     if name in shape_info:
         return shape_info[name]
     ttype = value_info.type.tensor_type
+    if value_info.type.HasField("optional_type"):  # a present optional tensor (onnx_sequences)
+        ttype = value_info.type.optional_type.elem_type.tensor_type
     if not ttype.HasField("shape"):
         raise ShapeError(
             f"Input '{name}' has no shape in the model. Give it with "
@@ -202,6 +213,8 @@ def import_model(
     graph = ir.main
     shape_info = dict(input_shape_info or {})
 
+    scope = _Scope(ir, graph, strict_op_versions)
+    ir.value_io = ValueIO()  # sequence / optional graph inputs and outputs (onnx_sequences)
     initializer_names = set()
     weight_uses = _weight_uses(proto.graph, opsets)
     for init in proto.graph.initializer:
@@ -216,18 +229,17 @@ def import_model(
     for value_info in proto.graph.input:
         if value_info.name in initializer_names:
             continue
+        if scope.sequences.add_graph_input(value_info, shape_info, ir.value_io):
+            continue
         graph.add_tensor(value_info.name, tensor_info_of(value_info, shape_info), TensorKind.STREAM)
         graph.inputs.append(value_info.name)
 
-    scope = _Scope(ir, graph, strict_op_versions)
     for node in _nodes_in_order(proto.graph):
         scope.add(node)
 
     for out in proto.graph.output:
-        if scope.sequences.is_sequence(out.name):
-            raise UnsupportedOpError(
-                f"Graph output '{out.name}' is a sequence; outputs must be tensors."
-            )
+        if scope.sequences.add_graph_output(out.name, ir.value_io):
+            continue
         graph.tensor(out.name)  # raises naming the missing output
         graph.outputs.append(out.name)
     _log.debug("imported %d ops, %d tensors", len(graph.ops), len(graph.tensors))
@@ -272,6 +284,8 @@ def add_node(ir: Ir, node: onnx.NodeProto, strict: bool = True, scope: "_Scope |
         operands = [graph.tensors[n].info if n else None for n in node.input]
         bodies = {}
         for name in cls.body_attrs:
+            if name not in values:  # an optional subgraph (FlexAttention's modifiers)
+                continue
             bodies[name] = scope.import_body(
                 values[name], op.body_input_infos(name, operands), f"{where} {name}", node, name
             )
@@ -291,7 +305,7 @@ class _Scope:
         self.graph = graph
         self.strict = strict
         self.parent = parent
-        self.sequences = StaticSequences(graph)
+        self.sequences = StaticSequences(graph, self)
 
     def add(self, node: onnx.NodeProto) -> None:
         """Import one node: a sequence op, a constant If (inlined) or an op."""
@@ -299,11 +313,22 @@ class _Scope:
             values = {a.name: attribute_value(a) for a in node.attribute}
             self.sequences.add(node, values, node_settings(node, {}))
             return
+        if is_gradient_node(node):
+            for name in node.input:
+                self.lookup(name, f"Gradient '{node.name}'")
+            values = {a.name: attribute_value(a) for a in node.attribute}
+            add_gradient(self.graph, node, values, node_settings(node, {}))
+            return
         for name in node.input:
             if self.sequences.is_sequence(name):
                 raise UnsupportedOpError(
                     f"{node.op_type} '{node.name}' reads the sequence '{name}'; only the ONNX "
                     f"sequence ops may consume sequences on the simulated IPU."
+                )
+            if self.sequences.is_value(name):
+                raise ShapeError(
+                    f"{node.op_type} '{node.name}' reads the optional '{name}', which is empty "
+                    f"(compiled absent); only the Optional* ops may read an empty optional."
                 )
         if node.op_type == "If" and normalize_domain(node.domain) == AI_ONNX and node.input:
             self.lookup(node.input[0], f"If '{node.name}'")
@@ -318,7 +343,7 @@ class _Scope:
         an enclosing graph holds it. Unknown names are left for the caller to report."""
         if name in self.graph.tensors or self.parent is None:
             return
-        if self.parent.sequences.is_sequence(name):
+        if self.parent.sequences.is_value(name):
             raise UnsupportedOpError(
                 f"{where}: reads the sequence '{name}' of an enclosing graph; subgraphs may only "
                 f"read tensors of enclosing graphs."
@@ -396,6 +421,9 @@ class _Scope:
         settings = node_settings(node, {})
         for out, name in zip(node.output, (o.name for o in branch.output)):
             if not out:
+                continue
+            if self.sequences.is_value(name):  # a sequence or empty optional: alias it
+                self.sequences.add(onnx.helper.make_node("Identity", [name], [out]), {}, settings)
                 continue
             self.lookup(name, where)
             identity = create_op("Identity", settings=settings, where=where)

@@ -119,6 +119,12 @@ class SessionBase:
                 strict_op_versions=userOptions.strictOpVersions,
             )
             self._dots.write(self._ir, DotCheck.Fwd0)
+            # Sequence / optional graph IO: anchors name elements (onnx_sequences.ValueIO).
+            self._value_io = self._ir.value_io
+            self._user_anchors = dataFlow.anchors()
+            if self._value_io:
+                dataFlow = self._value_io.expand_data_flow(dataFlow)
+                self._data_flow = dataFlow
             if not self._training:
                 self._check_anchors_exist()
             self._ir.anchors = dataFlow.anchors()
@@ -300,15 +306,21 @@ class SessionBase:
         if debugName:
             _log.debug("run '%s'", debugName)
         _log.log(_TRACE, "Session::run")
+        if self._value_io:
+            stepio = self._value_io.flatten_step_io(stepio)
         device.run(stepio)
         self._runs += 1
         self._profiled_runs += 1
 
     def initAnchorArrays(self) -> dict[str, np.ndarray]:  # noqa: N802
-        """Zero-filled numpy arrays of the §4.2 shapes, one per anchor (F29)."""
-        return {
+        """Zero-filled numpy arrays of the §4.2 shapes, one per anchor (F29); a list of them for
+        a sequence anchor, None for an absent optional one."""
+        arrays = {
             a.id: np.zeros(a.host_shape, dtype=a.info.dtype.numpy) for a in self._program.anchors
         }
+        if self._value_io:
+            return self._value_io.group_anchors(arrays, self._user_anchors)
+        return arrays
 
     def getIr(self) -> Ir:  # noqa: N802 - PopART's name
         """The session's IR after its passes (for training: forward, backward, optimizer)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import textwrap
 import types
 import typing
 from functools import lru_cache
@@ -61,6 +62,11 @@ _STATIC_SEQUENCE_OPS = {
     "SequenceInsert": (2,),
     "SequenceLength": (),
     "SplitToSequence": (1,),
+    # Optionals and SequenceMap: also resolved at import (onnx_sequences.py).
+    "Optional": (),
+    "OptionalGetElement": (),
+    "OptionalHasElement": (),
+    "SequenceMap": (),
 }
 
 
@@ -225,16 +231,11 @@ def getUnsupportedOperations(opsetVersion: int) -> list[str]:  # noqa: N802,N803
 
 # --- definitions ------------------------------------------------------------------------------
 
+# ONNX type strings are the lower-case TensorProto names: tensor(float), tensor(bfloat16) ...
 _ONNX_TYPE_TO_DATATYPE = {
-    f"tensor({name})": dt
-    for name, dt in (
-        ("float", DataType.FLOAT), ("uint8", DataType.UINT8), ("int8", DataType.INT8),
-        ("uint16", DataType.UINT16), ("int16", DataType.INT16), ("int32", DataType.INT32),
-        ("int64", DataType.INT64), ("string", DataType.STRING), ("bool", DataType.BOOL),
-        ("float16", DataType.FLOAT16), ("double", DataType.DOUBLE), ("uint32", DataType.UINT32),
-        ("uint64", DataType.UINT64), ("complex64", DataType.COMPLEX64),
-        ("complex128", DataType.COMPLEX128),
-    )
+    f"tensor({onnx.TensorProto.DataType.Name(dt.value).lower()})": dt
+    for dt in DataType
+    if dt is not DataType.UNDEFINED
 }
 
 # Regular expressions over str(value) of the importer's Python value of an attribute.
@@ -337,6 +338,18 @@ def _versions_text(versions: list[int]) -> str:
     return ", ".join(str(v) for v in versions)
 
 
+def _types_text(domain: str, op_type: str, version: int) -> str:
+    """The element types of the op's first input (its first output when it has no input) at
+    ``version``, from its ONNX schema; blank for ops without one."""
+    schema = _schema(domain, op_type, version)
+    if schema is None:
+        return ""
+    slots = list(schema.inputs) or list(schema.outputs)
+    if not slots:
+        return ""
+    return " ".join(dt.short for dt in _tensor_types(schema, slots[0]))
+
+
 def render_markdown() -> str:
     """The text of docs/supported_ops.md, generated from the registry."""
     by_type: dict[tuple[str, str], list[int]] = {}
@@ -353,8 +366,16 @@ def render_markdown() -> str:
         "A model with ai.onnx opset V resolves each node to the highest listed version <= V;",
         "with `strictOpVersions` (the default) that version must be the one ONNX opset V defines",
         "(spec §6.4). `popart.getSupportedOperations(includeInternal)` returns the same list;",
-        "internal ops (gradients, fused kernels, optimizer updates) are created by passes and",
-        "cannot appear in a model.",
+        "internal ops (gradients, fused kernels, optimizer updates, IPU copies, stashes,",
+        "collectives the replication passes insert) are created by passes and cannot appear",
+        "in a model, so they are listed by name only.",
+        "",
+        "Data types are those of the op's first input in the ONNX schema of its latest",
+        "version, as short names; the simulated IPU computes every one of them except as",
+        "listed under \"Data types not modelled\" below.",
+        "",
+        *textwrap.wrap(", ".join(f"{dt.short} = {dt.name.lower()}" for dt in DataType
+                                 if dt is not DataType.UNDEFINED) + ".", 92),
         "",
     ]
     for domain in domains:
@@ -363,25 +384,61 @@ def render_markdown() -> str:
         internal_rows = [(t, v) for t, v in rows if (domain, t) not in public]
         lines += [f"## Domain `{domain}`", ""]
         if public_rows:
-            lines += [f"{len(public_rows)} public op types.", "", "| op type | versions |",
-                      "| --- | --- |"]
-            lines += [f"| {t} | {_versions_text(v)} |" for t, v in public_rows]
+            lines += [f"{len(public_rows)} public op types.", "",
+                      "| op type | versions | data types (latest version) |",
+                      "| --- | --- | --- |"]
+            lines += [f"| {t} | {_versions_text(v)} | {_types_text(domain, t, max(v))} |"
+                      for t, v in public_rows]
             lines.append("")
         if internal_rows:
             lines += [f"Internal ({len(internal_rows)} op types): "
                       + ", ".join(t for t, _ in internal_rows) + ".", ""]
+    lines += _dtype_gaps()
     latest = onnx.defs.onnx_opset_version()
     missing = getUnsupportedOperations(latest)
-    lines += [
-        f"## Not supported (ai.onnx opset {latest})",
+    lines += [f"## Not supported (ai.onnx opset {latest})", ""]
+    if missing:
+        lines += [
+            f"{len(missing)} op types of ONNX opset {latest} (`popart.getUnsupportedOperations"
+            f"({latest})`), either not implemented or implemented only at an older version:",
+            "",
+            ", ".join(missing) + ".",
+            "",
+        ]
+    else:
+        lines += [
+            f"None: `popart.getUnsupportedOperations({latest})` is empty, every ai.onnx op type "
+            f"is implemented at every version up to opset {latest}.",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _dtype_gaps() -> list[str]:
+    """The "Data types not modelled" section: the limits the op classes declare."""
+    from .ops.string_tensors import ELEMENT_MOVERS
+
+    public = {(d, t) for d, t, _, _ in _entries(False)}
+    uint64 = sorted({t for d, t, _, cls in registry.all_registered()
+                     if (d, t) in public and getattr(cls, "uint64", None) is not None})
+    strings = sorted(ELEMENT_MOVERS | {t for d, t, _, cls in registry.all_registered()
+                                       if (d, t) in public and getattr(cls, "takes_strings", False)})
+    return [
+        "## Data types not modelled",
         "",
-        f"{len(missing)} op types of ONNX opset {latest} (`popart.getUnsupportedOperations"
-        f"({latest})`), either not implemented or implemented only at an older version:",
+        "Every ONNX element type has a representation (docs in `popart_backend/dtypes.py`); "
+        "two are limited to the ops that declare them:",
         "",
-        ", ".join(missing) + ".",
+        "- uint64 (held as int64 bit patterns): ops whose result for values >= 2**63 would "
+        "differ from int64's declare how they compute it; any other op refuses uint64 with "
+        f"UnsupportedOpError rather than give a wrong result. Declared: {', '.join(uint64)}.",
+        "- string: element-moving ops (their kernels see the strings as codes), the string ops "
+        f"and Cast. Declared: {', '.join(strings)}.",
+        "- complex64 / complex128: ONNX allows them only in data-movement ops (and BitCast, "
+        "GridSample, Resize, random *Like ops), which move them with torch's complex tensors; "
+        "ops that compute on them (BitCast, GridSample, Resize, the random ops) refuse them.",
         "",
     ]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

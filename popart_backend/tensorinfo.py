@@ -149,17 +149,31 @@ class InputShapeInfo:
     """Shapes for model inputs whose ONNX shape is missing or symbolic (F7)."""
 
     def __init__(self):
-        self._infos: dict[str, TensorInfo] = {}
+        self._infos: dict[str, TensorInfo | list[TensorInfo] | None] = {}
 
-    def add(self, tensor_id: str, info: TensorInfo) -> None:
+    def add(self, tensor_id: str, info) -> None:
+        """``info``: a TensorInfo; for an ONNX sequence input a list of TensorInfo, one per
+        element (the length and element shapes are static per compiled session); None for an
+        optional input the session is compiled without (fed None)."""
+        if info is None:
+            self._infos[tensor_id] = None
+            return
+        if isinstance(info, (list, tuple)):
+            self._infos[tensor_id] = [self._checked(tensor_id, i) for i in info]
+            return
+        self._infos[tensor_id] = self._checked(tensor_id, info)
+
+    @staticmethod
+    def _checked(tensor_id: str, info) -> TensorInfo:
         if isinstance(info, IrTensorInfo):
             info = TensorInfo.from_ir(info)
         if not isinstance(info, TensorInfo):
             raise popart_exception(
-                f"InputShapeInfo.add('{tensor_id}', ...): expected a TensorInfo, got "
+                f"InputShapeInfo.add('{tensor_id}', ...): expected a TensorInfo (a list of them "
+                f"for a sequence input, None for an absent optional input), got "
                 f"{type(info).__name__}."
             )
-        self._infos[tensor_id] = info
+        return info
 
     def get(self, tensor_id: str) -> TensorInfo:
         try:
@@ -177,7 +191,14 @@ class InputShapeInfo:
 
     def to_ir(self) -> dict[str, IrTensorInfo]:
         """The mapping ``onnx_import.import_model`` takes as ``input_shape_info``."""
-        return {name: info.to_ir() for name, info in self._infos.items()}
+        def convert(info):
+            if info is None:
+                return None
+            if isinstance(info, list):
+                return [i.to_ir() for i in info]
+            return info.to_ir()
+
+        return {name: convert(info) for name, info in self._infos.items()}
 
     def __len__(self) -> int:
         return len(self._infos)

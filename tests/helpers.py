@@ -8,10 +8,11 @@ from typing import Sequence
 import numpy as np
 import onnx
 import onnxruntime as ort
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from popart_backend.device.plan import ExecutionPlan, to_torch
-from popart_backend.dtypes import DataType
+from popart_backend.dtypes import DataType, to_host
 from popart_backend.onnx_import import import_model
 
 # STYLE.md §4: one tolerance table per dtype.
@@ -50,7 +51,14 @@ def run_popart(model: onnx.ModelProto | bytes | str, feeds: dict[str, np.ndarray
     for name in names:
         tensor = graph.tensors[name]
         value = plan.get_value(name)
-        array = value.numpy() if value is not None else np.asarray(tensor.data)
+        # STRING values stay numpy object arrays on the device (ops/string_tensors.py).
+        if isinstance(value, torch.Tensor):
+            # Narrow and unsigned types live in wider torch dtypes (popart_backend/dtypes.py).
+            assert value.dtype == tensor.info.dtype.torch, (
+                f"'{name}': runtime storage {value.dtype} != {tensor.info.dtype.torch} of "
+                f"inferred {tensor.info}")
+            value = to_host(value, tensor.info.dtype)
+        array = value if value is not None else np.asarray(tensor.data)
         assert tuple(array.shape) == tensor.info.shape, (
             f"'{name}': runtime shape {list(array.shape)} != inferred {tensor.info}")
         assert array.dtype == tensor.info.dtype.numpy, (
@@ -85,7 +93,7 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, name: str = "output",
     expected = np.asarray(expected)
     assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
     assert actual.dtype == expected.dtype, f"{name}: dtype {actual.dtype} != {expected.dtype}"
-    if actual.dtype.kind in "biuU" or actual.dtype == np.bool_:
+    if actual.dtype.kind in "biuUO" or actual.dtype == np.bool_:
         mismatch = np.argwhere(actual != expected)
         assert mismatch.size == 0, (
             f"{name}: {len(mismatch)} elements differ; first at {tuple(mismatch[0])}: "

@@ -12,17 +12,9 @@ import pytest
 import popart_backend as popart
 from popart_backend import supported_ops
 from popart_backend.ops.registry import all_registered
+from tests.conformance.popart_ops import POPART_ONNX_OPS
 
-# Spec §6.1: PopART 2.3's ai.onnx types; §6.3: the builder-callable ai.graphcore types.
-SPEC_6_1 = """Abs Add And ArgMax ArgMin Asin Atan AveragePool BatchNormalization Cast Ceil Clip
-Concat Constant ConstantOfShape Conv ConvTranspose Cos Cosh CumSum Div Dropout Elu Equal Erf Exp
-Expand Flatten Floor Gather GlobalAveragePool GlobalMaxPool Greater GRU HardSigmoid Identity If
-InstanceNormalization IsInf IsNaN LeakyRelu Less Log LogSoftmax Loop LRN LSTM MatMul Max MaxPool
-Mean Min Mul Neg Not OneHot Or Pad Pow PRelu RandomNormal RandomNormalLike RandomUniform
-RandomUniformLike Reciprocal ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean
-ReduceMin ReduceProd ReduceSum ReduceSumSquare Relu Reshape Resize Round Scan Scatter Selu Shape
-Shrink Sigmoid Sign Sin Sinh Slice Softmax Softplus Softsign Split Sqrt Squeeze Sub Sum Tanh
-ThresholdedRelu Tile TopK Transpose Unsqueeze Upsample Where""".split()
+# Spec §6.3: the builder-callable ai.graphcore types (§6.1's ai.onnx list: POPART_ONNX_OPS).
 SPEC_6_3_BUILDER = """Abort Atan2 BitwiseAnd BitwiseNot BitwiseOr BitwiseXor BitwiseXnor Call
 CopyVarUpdate CtcBeamSearchDecoder Ctc DepthToSpace Detach DynamicSlice DynamicUpdate DynamicZero
 DynamicAdd Expm1 Log1p Gelu Swish Round Fmod Remainder GroupNormalization IdentityLoss Init L1 LSTM
@@ -61,13 +53,11 @@ def test_supported_operations_match_the_registry():
 
 
 def test_spec_6_1_ops_are_public_at_their_popart_versions():
-    """F78: each §6.1 type is listed (control-flow / RNN / random types join as they land)."""
+    """F78: each §6.1 type is listed."""
     public = {(o.type, o.version) for o in popart.getSupportedOperations(False)
               if o.domain == "ai.onnx"}
     types = {t for t, _ in public}
-    pending = {"GRU", "LSTM", "If", "Loop", "Scan", "RandomNormal", "RandomNormalLike",
-               "RandomUniform", "RandomUniformLike"}
-    missing = sorted(set(SPEC_6_1) - types - pending)
+    missing = sorted(set(POPART_ONNX_OPS) - types)
     assert not missing, f"§6.1 op types not supported: {missing}"
     # Spot-check versions spec §6.1 lists.
     for op_type, version in [("Add", 7), ("Gather", 11), ("Resize", 10), ("Resize", 11),
@@ -126,9 +116,9 @@ def test_definition_inputs_outputs_attributes():
     assert not any(i.constant for i in conv.inputs)
     assert {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"} <= set(
         conv.attributes)
-    # bfloat16 is valid ONNX for Add-14 but not modelled, so it is not offered.
+    # Every ONNX element type is modelled (popart_backend/dtypes.py), bfloat16 included.
     add14 = defs[popart.OperatorIdentifier("ai.onnx", "Add", 14)]
-    assert popart.DataType.BFLOAT16 not in add14.inputs[0].supportedTensors
+    assert popart.DataType.BFLOAT16 in add14.inputs[0].supportedTensors
     assert popart.DataType.UINT8 in add14.inputs[0].supportedTensors
 
     # ai.graphcore ops have no ONNX schema: attributes still come from the op's Attrs.
@@ -160,19 +150,21 @@ def test_attribute_is_a_regex_string():
     assert re.fullmatch(attr.supportedValuesRegex, str(0.01))
 
 
-def test_unsupported_operations():
+def test_unsupported_operations(monkeypatch):
     """F81: ONNX ops of an opset without an implementation at that opset's version."""
-    opset11 = popart.getUnsupportedOperations(11)
-    assert "Relu" not in opset11 and "Conv" not in opset11
-    assert "NonMaxSuppression" in opset11  # not implemented
-    assert opset11 == sorted(opset11)
-    # An op implemented only at older versions is unsupported at a newer opset.
     latest = onnx.defs.onnx_opset_version()
-    public = {(o.type, o.version) for o in popart.getSupportedOperations(True)
-              if o.domain == "ai.onnx"}
-    for op_type in popart.getUnsupportedOperations(latest):
-        version = onnx.defs.get_schema(op_type, latest).since_version
-        assert (op_type, version) not in public
+    for opset in (11, 17, latest):
+        # Issue #7: every ai.onnx op type is implemented at every version up to the latest.
+        assert popart.getUnsupportedOperations(opset) == [], opset
+    # Take Relu out entirely and Conv-22 (Conv-11 stays): Relu is unsupported everywhere, Conv
+    # only from opset 22, where the version it resolves to is not implemented.
+    entries = supported_ops._entries
+    monkeypatch.setattr(supported_ops, "_entries", lambda internal: [
+        e for e in entries(internal) if e[1] != "Relu" and e[1:3] != ("Conv", 22)])
+    assert "Relu" in popart.getUnsupportedOperations(11)
+    assert "Conv" not in popart.getUnsupportedOperations(21)
+    unsupported = popart.getUnsupportedOperations(22)
+    assert "Conv" in unsupported and unsupported == sorted(unsupported)
     with pytest.raises(popart.popart_exception, match="opsetVersion"):
         popart.getUnsupportedOperations(0)
 

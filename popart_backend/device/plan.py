@@ -28,19 +28,27 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from ..dtypes import to_storage
 from ..errors import popart_runtime_error
 from ..ir.graph import Graph
 from ..ir.op import ExecutionContext, Op
 from ..ir.tensor import TensorKind
+from ..ops.base import wrap_unsigned_outputs
+from ..ops.string_tensors import kernel_for
 
 
-def to_torch(array: np.ndarray) -> torch.Tensor:
-    """Zero-copy when the array is contiguous and writeable; copies otherwise."""
+def to_torch(array: np.ndarray) -> torch.Tensor | np.ndarray:
+    """Zero-copy when the array is contiguous and writeable; copies otherwise.
+
+    STRING (object) arrays stay numpy: torch has no string type (ops/string_tensors.py).
+    """
     if not isinstance(array, np.ndarray):
         array = np.asarray(array)
     if not array.flags.c_contiguous or not array.flags.writeable:
         array = np.array(array, order="C", copy=True)  # keeps 0-d values 0-d
-    return torch.from_numpy(array)
+    if array.dtype == object:
+        return array
+    return to_storage(array)
 
 
 class ExecutionPlan:
@@ -107,7 +115,8 @@ class ExecutionPlan:
         self.fragments: dict[ExecutionContext, list[tuple]] = {c: [] for c in ExecutionContext}
         for position, (op, ins, outs) in enumerate(raw_steps):
             single = len(outs) == 1
-            step = (op.kernel, ins, outs[0] if single else outs, single,
+            step = (wrap_unsigned_outputs(op, kernel_for(op)), ins,
+                    outs[0] if single else outs, single,
                     tuple(frees.get(position, ())), op)
             self.steps.append(step)
             self.fragments[op.settings.execution_context].append(step)

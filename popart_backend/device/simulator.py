@@ -34,6 +34,7 @@ import torch
 
 from ..dataflow import AnchorReturnTypeId, PyStepIO, PyStepIOCallback, anchor_fetch_index
 from .. import progress
+from ..dtypes import DataType, to_host, to_storage
 from ..errors import StepIOError, popart_internal_exception
 from .distributed import LocalReplicas, ReplicaComm
 from .lower import AnchorStream, InputStream, Program
@@ -84,9 +85,7 @@ class SimulatedDevice:
                 bind(program)
         self._generator = torch.Generator()
         self._generator.manual_seed(seed)
-        self._zero_inputs = [
-            torch.zeros(i.info.shape, dtype=i.info.dtype.torch) for i in program.inputs
-        ]
+        self._zero_inputs = [_zeros(i.info) for i in program.inputs]
         self._actions, self._accumulators = self._anchor_actions()
         window = program.accumulation_factor * program.replication_factor
         self._outer_steps = self.plan.outer_steps if program.has_outer_fragment else None
@@ -165,13 +164,13 @@ class SimulatedDevice:
         for tensor_id in ids:
             sharding = self._sharded.get(tensor_id)
             if sharding is None:
-                out[tensor_id] = values[slots[tensor_id]].numpy().copy()
+                out[tensor_id] = to_host(values[slots[tensor_id]]).copy()
                 continue
             # rts.py keeps shard groups inside one instance (spec §10.4), so all are local.
             group = sharding.group_of(self.comm.offset + replica)
             shards = [self.plan.replica_values[r - self.comm.offset][slots[tensor_id]]
                       for r in group]
-            out[tensor_id] = sharding.layout.join(shards, sharding.full_info.shape).numpy()
+            out[tensor_id] = to_host(sharding.layout.join(shards, sharding.full_info.shape))
         return out
 
     def set_seed(self, seed: int) -> None:
@@ -234,7 +233,10 @@ class SimulatedDevice:
             return [[zero] * total for zero in self._zero_inputs]
         if self.synthetic == "random_normal":
             feeds = []
-            for stream in self.program.inputs:
+            for stream, zero in zip(self.program.inputs, self._zero_inputs):
+                if stream.info.dtype is DataType.STRING:
+                    feeds.append([zero] * total)  # no random strings: ""
+                    continue
                 values = torch.randn((total, *stream.info.shape), generator=self._generator)
                 feeds.append(values.to(stream.info.dtype.torch).unbind(0))
             return feeds
@@ -512,7 +514,10 @@ def _chunks(kind: str, tensor_id: str, array: np.ndarray, info, count: int, offs
     """
     shape, nelms = info.shape, info.nelms
     if nelms == 0:
-        return [torch.empty(shape, dtype=info.dtype.torch)] * count, 0
+        zero = _zeros(info)
+        if writable and info.dtype is DataType.STRING:
+            zero = _StringView(zero)  # the anchor loop writes outputs with copy_
+        return [zero] * count, 0
     num_chunks, remainder = divmod(array.size, nelms)
     if num_chunks == 0 or remainder:
         raise StepIOError(
@@ -523,16 +528,81 @@ def _chunks(kind: str, tensor_id: str, array: np.ndarray, info, count: int, offs
     if not writable and not (array.flags.c_contiguous and array.flags.writeable):
         # Non-contiguous or read-only data gets one host copy; the user's array is untouched.
         array = np.array(array, order="C", copy=True)
+    if array.dtype == object:
+        return _string_chunks(array, shape, count, offset, num_chunks, writable)
+    if not info.dtype.storage_views_host:
+        return _converted_chunks(array, info, count, offset, num_chunks, writable)
     if num_chunks == count == 1:
         # One micro-batch per run (the usual training/inference step): no split needed.
-        whole = torch.from_numpy(array)
+        whole = to_storage(array, info.dtype)
         return (whole if array.shape == shape else whole.view(shape),), 0
-    whole = torch.from_numpy(array.reshape(-1)).view(num_chunks, *shape).unbind(0)
+    whole = to_storage(array.reshape(-1), info.dtype).view(num_chunks, *shape).unbind(0)
     start = offset // nelms
     if start == 0 and num_chunks == count:
         return whole, 0
     chunks = [whole[(start + i) % num_chunks] for i in range(count)]
     return chunks, ((start + count) % num_chunks) * nelms
+
+
+def _string_chunks(array: np.ndarray, shape, count: int, offset: int, num_chunks: int,
+                   writable: bool):
+    """``_chunks`` for a STRING array: numpy views (torch has no strings); output chunks wrapped
+    so the anchor loop writes them with ``copy_`` as it does torch views."""
+    nelms = array.size // num_chunks
+    blocks = array.reshape(num_chunks, *shape)
+    whole = [blocks[i, ...] for i in range(num_chunks)]  # views, also of 0-d chunks
+    if writable:
+        whole = [_StringView(view) for view in whole]
+    start = offset // nelms
+    chunks = [whole[(start + i) % num_chunks] for i in range(count)]
+    return chunks, ((start + count) % num_chunks) * nelms
+
+
+def _converted_chunks(array: np.ndarray, info, count: int, offset: int, num_chunks: int,
+                      writable: bool):
+    """``_chunks`` for a type the simulator stores in another torch dtype (int4, float8,
+    uint32 ...: ``dtypes.to_storage``): input chunks are converted copies, output chunks are
+    wrapped so the anchor loop's ``copy_`` converts back into the user's array."""
+    nelms = array.size // num_chunks
+    blocks = array.reshape(num_chunks, *info.shape)
+    if writable:
+        whole = [_ConvertedView(blocks[i, ...], info.dtype) for i in range(num_chunks)]
+    else:
+        whole = list(to_storage(blocks, info.dtype).unbind(0))
+    start = offset // nelms
+    chunks = [whole[(start + i) % num_chunks] for i in range(count)]
+    return chunks, ((start + count) % num_chunks) * nelms
+
+
+class _ConvertedView:
+    """A numpy view into a host array whose ``copy_`` converts from the simulator's storage."""
+
+    __slots__ = ("array", "dtype")
+
+    def __init__(self, array: np.ndarray, dtype: DataType):
+        self.array, self.dtype = array, dtype
+
+    def copy_(self, value: torch.Tensor) -> None:
+        self.array[...] = to_host(value, self.dtype)
+
+
+class _StringView:
+    """A numpy view into a host STRING array with the ``copy_`` of a torch view."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def copy_(self, value: np.ndarray) -> None:
+        self.array[...] = value
+
+
+def _zeros(info):
+    """A zero value of ``info``: "" for STRING."""
+    if info.dtype is DataType.STRING:
+        return np.full(info.shape, "", dtype=object)
+    return torch.zeros(info.shape, dtype=info.dtype.torch)
 
 
 def _callback_feed(stepio: PyStepIOCallback, stream: InputStream) -> torch.Tensor:
@@ -552,7 +622,9 @@ def _callback_input(stream: InputStream, array) -> torch.Tensor:
         )
     if not (array.flags.c_contiguous and array.flags.writeable):
         array = np.array(array, order="C", copy=True)
-    return torch.from_numpy(array).view(stream.info.shape)
+    if array.dtype == object:
+        return array.reshape(stream.info.shape)
+    return to_storage(array, stream.info.dtype).view(stream.info.shape)
 
 
 def _callback_output(anchor: AnchorStream, array) -> torch.Tensor:
@@ -566,7 +638,11 @@ def _callback_output(anchor: AnchorStream, array) -> torch.Tensor:
         raise StepIOError(
             f"output_callback('{anchor.id}') must return a C-contiguous writeable array."
         )
-    return torch.from_numpy(array).view(anchor.info.shape)
+    if array.dtype == object:
+        return _StringView(array.reshape(anchor.info.shape))
+    if not anchor.info.dtype.storage_views_host:
+        return _ConvertedView(array.reshape(anchor.info.shape), anchor.info.dtype)
+    return to_storage(array, anchor.info.dtype).view(anchor.info.shape)
 
 
 def _suggest(name: str, known) -> str:

@@ -44,7 +44,8 @@ class TensorInfo:
 
     @property
     def num_bytes(self) -> int:
-        return self.nelms * self.dtype.itemsize
+        # Packed: 4-bit and 2-bit types share bytes (DataType.bits).
+        return (self.nelms * self.dtype.bits + 7) // 8
 
     def with_shape(self, shape) -> "TensorInfo":
         return TensorInfo(self.dtype, tuple(shape))

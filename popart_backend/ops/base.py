@@ -10,13 +10,15 @@ shape (``ElementwiseBinary.unbroadcast``, ``Variadic.unbroadcast``), honouring t
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 from dataclasses import dataclass
 
 import numpy as np
 import onnx.defs
+import torch
 
-from ..dtypes import DataType
+from ..dtypes import DataType, wrap_unsigned
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
@@ -158,12 +160,135 @@ class Variadic(Op):
 
 # --- dtype constraints --------------------------------------------------------------------------
 
-# torch's CPU kernels implement little beyond copies for these; ops that can widen them to int64
-# (BitShift) or only convert them (Cast) opt in with ``wide_unsigned_ok``.
+# Stored in wider signed surrogates (dtypes module docstring). uint16/uint32 are exact there (the
+# execution plan reduces their results modulo 2**bits: ``wrap_unsigned_outputs``); uint64 needs
+# the op to say how it computes on int64 bit patterns (``UInt64``).
 WIDE_UNSIGNED = (DataType.UINT16, DataType.UINT32, DataType.UINT64)
 
 
-@functools.lru_cache(maxsize=None)
+class UInt64(enum.Enum):
+    """How an op computes on uint64 values, which the simulator holds as int64 bit patterns.
+
+    An op class states it with ``uint64 = UInt64.X``; an op without it rejects uint64 inputs
+    (UnsupportedOpError) rather than give wrong results for values >= 2**63.
+    """
+
+    # int64 two's-complement results have the same bits: add, sub, mul, bitwise ops, selection.
+    BITS = "bits"
+    # Only the order of values matters (comparisons, min/max, top-k, arg-max): inputs are mapped
+    # onto int64 keeping their unsigned order (sign bit flipped), uint64 outputs mapped back.
+    ORDER = "order"
+    # Unsigned quotient / remainder (Div; Mod, where fmod makes no difference for unsigned).
+    QUOTIENT = "quotient"
+    REMAINDER = "remainder"
+    # uint64 inputs enter the kernel as float64 numbers (Pow's exponent).
+    AS_FLOAT = "as_float"
+
+
+_SIGN_BIT = -(2**63)
+
+
+def _order_key(x: torch.Tensor) -> torch.Tensor:
+    """int64 bits of a uint64 -> an int64 with the same order as the unsigned values (and back:
+    the map is its own inverse)."""
+    return torch.bitwise_xor(x, _SIGN_BIT)
+
+
+def unsigned_divmod(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quotient and remainder of uint64 values held as int64 bit patterns.
+
+    A divisor >= 2**63 goes into the dividend at most once. A smaller one divides the dividend
+    halved by a logical shift (a non-negative int64), which leaves a remainder below 2*b that
+    one unsigned comparison corrects. Division by zero raises, as it does for int64.
+    """
+    a, b = torch.broadcast_tensors(a, b)
+    huge = b < 0
+    at_least = _order_key(a) >= _order_key(b)
+    divisor = torch.where(huge, 1, b)
+    half = torch.bitwise_and(torch.bitwise_right_shift(a, 1), 2**63 - 1)
+    q = torch.bitwise_left_shift(torch.div(half, divisor, rounding_mode="floor"), 1)
+    r = a - q * divisor
+    fix = _order_key(r) >= _order_key(divisor)
+    q = torch.where(huge, at_least.to(torch.int64), q + fix)
+    r = torch.where(huge, torch.where(at_least, a - b, a), torch.where(fix, r - divisor, r))
+    return q, r
+
+
+def uint64_to_double(x: torch.Tensor) -> torch.Tensor:
+    """float64 value of uint64 bit patterns (rounded to nearest as any int -> double cast)."""
+    high = torch.bitwise_and(torch.bitwise_right_shift(x, 32), 0xFFFFFFFF).double()
+    return high * 2.0**32 + torch.bitwise_and(x, 0xFFFFFFFF).double()
+
+
+class _UInt64Kernel:
+    """The kernel of an op with uint64 inputs, adapted per its ``UInt64`` semantics.
+
+    A callable object (not a closure) so that copying the op rebinds it to the copy.
+    """
+
+    __slots__ = ("inputs", "op", "outputs", "semantics")
+
+    def __init__(self, op: Op, semantics: UInt64, inputs: tuple[int, ...]):
+        self.op, self.semantics, self.inputs = op, semantics, inputs
+        self.outputs: tuple[int, ...] | None = None  # uint64 outputs, once the op has them
+
+    def __call__(self, *xs):
+        op, semantics = self.op, self.semantics
+        if semantics in (UInt64.QUOTIENT, UInt64.REMAINDER):
+            q, r = unsigned_divmod(xs[0], op.legacy_align(xs[0], xs[1]))
+            return q if semantics is UInt64.QUOTIENT else r
+        convert = _order_key if semantics is UInt64.ORDER else uint64_to_double
+        xs = [convert(x) if i in self.inputs else x for i, x in enumerate(xs)]
+        result = type(op).kernel(op, *xs)
+        if semantics is not UInt64.ORDER:
+            return result
+        if self.outputs is None:
+            self.outputs = tuple(i for i, t in enumerate(op.outputs)
+                                 if t is not None and t.info.dtype is DataType.UINT64)
+        if isinstance(result, torch.Tensor):
+            return _order_key(result) if self.outputs else result
+        return tuple(_order_key(r) if i in self.outputs else r for i, r in enumerate(result))
+
+
+def _adapt_uint64(op: Op, infos: tuple, wide_unsigned_ok: bool) -> None:
+    """Give ``op`` the uint64 form of its kernel when an input is uint64 (see ``UInt64``)."""
+    op.__dict__.pop("kernel", None)
+    inputs = tuple(i for i, info in enumerate(infos)
+                   if info is not None and info.dtype is DataType.UINT64)
+    if not inputs or wide_unsigned_ok:
+        return
+    semantics = getattr(type(op), "uint64", None)
+    if semantics is None:
+        raise UnsupportedOpError(
+            f"{op.debug_name}: dtype uint64 is valid ONNX but the simulated IPU holds uint64 "
+            f"as int64 bit patterns and {op.op_type} does not say how it computes on them "
+            f"(ops.base.UInt64). Cast to int64 first if the values are below 2**63."
+        )
+    if semantics is not UInt64.BITS:
+        op.kernel = _UInt64Kernel(op, semantics, inputs)
+
+
+def wrap_unsigned_outputs(op: Op, kernel):
+    """``kernel`` followed by reducing its uint16/uint32 outputs modulo 2**bits (their int32 /
+    int64 surrogates overflow past the unsigned range in add, sub, mul, not, shifts ...)."""
+    dtypes = [None if t is None else t.info.dtype for t in op.outputs]
+    wrapped = [i for i, d in enumerate(dtypes) if d in (DataType.UINT16, DataType.UINT32)]
+    if not wrapped:
+        return kernel
+    if len(dtypes) == 1:
+        dtype = dtypes[0]
+        return lambda *xs: wrap_unsigned(kernel(*xs), dtype)
+
+    def run(*xs):
+        results = list(kernel(*xs))
+        for i in wrapped:
+            results[i] = wrap_unsigned(results[i], dtypes[i])
+        return tuple(results)
+
+    return run
+
+
+@functools.cache
 def _type_constraints(op_type: str, version: int) -> tuple[tuple[tuple[str, bool], ...], dict]:
     """(formal inputs as (type param, variadic), type param -> allowed ONNX type names)."""
     schema = onnx.defs.get_schema(op_type, version, "")
@@ -178,11 +303,19 @@ def _type_constraints(op_type: str, version: int) -> tuple[tuple[tuple[str, bool
     return formals, allowed
 
 
+def allowed_types(op: Op, param: str) -> frozenset[str] | None:
+    """ONNX type names (``float``, ``int4`` ...) type parameter ``param`` of ``op``'s version
+    accepts; None when the schema has no such parameter."""
+    return _type_constraints(op.op_type, op.version)[1].get(param)
+
+
 def check_dtypes(op: Op, *infos: TensorInfo | None, wide_unsigned_ok: bool = False) -> None:
     """Check input dtypes against the ONNX type constraints of ``op``'s version.
 
     Raises ShapeError when a dtype is outside the schema's list or inputs sharing a type
-    parameter differ; UnsupportedOpError for uint16/32/64, which the torch kernels lack.
+    parameter differ. With a uint64 input, installs the op's uint64 kernel (``UInt64``) or
+    raises UnsupportedOpError when the op declares none; ``wide_unsigned_ok`` says the op's
+    own kernel handles uint64 bit patterns.
     """
     formals, allowed = _type_constraints(op.op_type, op.version)
     seen: dict[str, tuple[int, DataType]] = {}
@@ -205,11 +338,7 @@ def check_dtypes(op: Op, *infos: TensorInfo | None, wide_unsigned_ok: bool = Fal
                 f"{other.name.lower()} and {name}. Cast one of them."
             )
         seen.setdefault(param, (i, info.dtype))
-        if info.dtype in WIDE_UNSIGNED and not wide_unsigned_ok:
-            raise UnsupportedOpError(
-                f"{op.debug_name}: dtype {name} is valid ONNX but the simulated IPU's kernels "
-                f"do not implement {op.op_type} for it. Cast to int32/int64 first."
-            )
+    _adapt_uint64(op, infos, wide_unsigned_ok)
 
 
 # --- dtype-checked family bases of the elementwise modules ---------------------------------------
@@ -292,6 +421,8 @@ class Binary(ElementwiseBinary):
 
 class Compare(Comparison):
     """Broadcasting comparison returning BOOL, with dtype checks."""
+
+    uint64 = UInt64.ORDER
 
     def infer(self, a, b):
         check_dtypes(self, a, b)

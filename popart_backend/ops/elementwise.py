@@ -26,7 +26,7 @@ import torch
 from ..errors import UnsupportedOpError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
-from .base import Binary, VariadicOp, broadcast_shapes, check_dtypes
+from .base import Binary, UInt64, VariadicOp, broadcast_shapes, check_dtypes
 from .registry import AI_GRAPHCORE, register_op
 
 # --- binary arithmetic --------------------------------------------------------------------------
@@ -34,6 +34,8 @@ from .registry import AI_GRAPHCORE, register_op
 
 @register_op("Add", versions=(6, 7, 13, 14))
 class Add(Binary):
+    uint64 = UInt64.BITS
+
     def kernel(self, a, b):
         return torch.add(a, self.legacy_align(a, b))
 
@@ -45,6 +47,8 @@ class Add(Binary):
 
 @register_op("Sub", versions=(6, 7, 13, 14))
 class Sub(Binary):
+    uint64 = UInt64.BITS
+
     def kernel(self, a, b):
         return torch.sub(a, self.legacy_align(a, b))
 
@@ -57,6 +61,8 @@ class Sub(Binary):
 
 @register_op("Mul", versions=(6, 7, 13, 14))
 class Mul(Binary):
+    uint64 = UInt64.BITS
+
     def kernel(self, a, b):
         return torch.mul(a, self.legacy_align(a, b))
 
@@ -71,6 +77,8 @@ class Mul(Binary):
 @register_op("Div", versions=(6, 7, 13, 14))
 class Div(Binary):
     """Integer division truncates toward zero, as onnxruntime does (C++ ``/``)."""
+
+    uint64 = UInt64.QUOTIENT
 
     def infer(self, a, b):
         info = super().infer(a, b)
@@ -107,6 +115,8 @@ class Pow(Binary):
     An integer base goes through float64 and truncates, which is what onnxruntime's
     ``std::pow`` does (so 2 ** -1 == 0).
     """
+
+    uint64 = UInt64.AS_FLOAT  # only the exponent can be unsigned
 
     def infer(self, a, b):
         info = super().infer(a, b)
@@ -159,6 +169,8 @@ class PowArg1Grad(Op):
 class Mod(Binary):
     """fmod=0: a - floor(a / b) * b, the divisor's sign (integers; floats too from version 28);
     fmod=1: a - trunc(a / b) * b, the dividend's sign."""
+
+    uint64 = UInt64.REMAINDER
 
     @dataclass(frozen=True)
     class Attrs:
@@ -220,6 +232,8 @@ class ModArg1Grad(Op):
 
 @register_op("Sum", versions=(6, 8, 13))
 class Sum(VariadicOp):
+    uint64 = UInt64.BITS
+
     def infer(self, *xs):
         info = super().infer(*xs)
         self._out_shape = torch.Size(info.shape)
@@ -272,6 +286,7 @@ class Extremum(VariadicOp):
     """Max and Min: the gradient goes to the input(s) equal to the output, split among ties."""
 
     grad_type: ClassVar[str]
+    uint64 = UInt64.ORDER
 
     def grad(self, g):
         inputs = [g.input(i) for i in range(len(self.inputs))]
@@ -330,6 +345,8 @@ class MinGrad(MaxGrad):
 @register_op("Where", versions=(9, 16))
 class Where(Op):
     """out = condition ? x : y, broadcasting all three."""
+
+    uint64 = UInt64.BITS
 
     def infer(self, cond, x, y):
         check_dtypes(self, cond, x, y)

@@ -1,5 +1,5 @@
 """Indexing ops: Gather, GatherElements, GatherND, Scatter, ScatterElements, ScatterND, OneHot,
-TopK, CumSum, NonZero and Compress, at every ONNX since-version up to opset 28.
+TopK, CumSum, CumProd, NonZero and Compress, at every ONNX since-version up to opset 28.
 
 Index tensors may hold negative values (counted from the end of the indexed axis); kernels map
 them into range with one ``torch.where`` and let torch's bounds checks (or an explicit one when
@@ -9,7 +9,8 @@ which the simulated IPU cannot hold: they are supported only when folded at comp
 Gradients: what a gather reads, its gradient adds back into zeros (GatherGrad,
 GatherElementsGrad, GatherNDGrad in the ai.graphcore domain; repeated indices accumulate), and
 what a scatter writes, its gradient gathers. TopK and Compress reuse the gather grad ops, CumSum
-is its own adjoint summed the other way, and OneHot differentiates its ``values`` input.
+is its own adjoint summed the other way, CumProd's grad op calls torch's cumprod backward, and
+OneHot differentiates its ``values`` input.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ..dtypes import DataType
 from ..errors import ModelError, ShapeError, UnsupportedOpError, popart_runtime_error
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
-from .base import normalize_axis
+from .base import UInt64, check_dtypes, normalize_axis
 from .registry import AI_GRAPHCORE, register_op
 
 _INDEX_DTYPES = (DataType.INT32, DataType.INT64)
@@ -511,8 +512,10 @@ class TopK(Op):
         return {1: cls.Attrs1, 10: cls.Attrs10}.get(version, cls.Attrs)
 
     const_inputs = (1,)  # K, from version 10
+    uint64 = UInt64.ORDER
 
     def infer(self, x, k=None):
+        check_dtypes(self, x, k)
         self.axis = normalize_axis(self, self.attrs.axis, x.rank)
         if self.version < 10:
             self.k = self.attrs.k
@@ -577,6 +580,74 @@ class CumSum(Op):
                                  reverse=int(not self.attrs.reverse)))
 
 
+def _cumprod_forward(x: torch.Tensor, axis: int, attrs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the factors, the output): ``reverse`` flips, ``exclusive`` shifts a 1 in front, so the
+    output is one inclusive cumprod of the factors (flipped back)."""
+    if attrs.reverse:
+        x = x.flip(axis)
+    if attrs.exclusive:
+        length = x.shape[axis]
+        one = torch.ones_like(x.narrow(axis, 0, min(1, length)))
+        x = torch.cat([one, x.narrow(axis, 0, max(length - 1, 0))], axis)
+    y = torch.cumprod(x, axis, dtype=x.dtype)  # torch would widen integers to int64
+    return x, (y.flip(axis) if attrs.reverse else y)
+
+
+@register_op("CumProd", versions=26)
+class CumProd(Op):
+    """Cumulative product along a constant ``axis`` input; ``exclusive`` multiplies the elements
+    before each one only (the first becomes 1), ``reverse`` runs from the end."""
+
+    const_inputs = (1,)
+    Attrs = CumSum.Attrs
+
+    def infer(self, x, axis):
+        check_dtypes(self, x, axis, wide_unsigned_ok=True)
+        value = np.asarray(self.const_input(1))
+        if value.size != 1:
+            raise ShapeError(f"{self.debug_name}: axis must be a scalar, got {axis}.")
+        self.axis = normalize_axis(self, int(value.reshape(-1)[0]), x.rank)
+        return x
+
+    def kernel(self, x, axis):
+        return _cumprod_forward(x, self.axis, self.attrs)[1]
+
+    def grad(self, g):
+        g.set_input_grad(0, g.op("CumProdGrad", g.output_grad(0), g.input(0),
+                                 domain=AI_GRAPHCORE, axis=self.axis,
+                                 exclusive=self.attrs.exclusive, reverse=self.attrs.reverse))
+
+
+@register_op("CumProdGrad", versions=1, domain=AI_GRAPHCORE)
+class CumProdGrad(Op):
+    """dx of CumProd from dy and x, through torch's cumprod backward (exact where x has zeros,
+    unlike dividing the output by x)."""
+
+    @dataclass(frozen=True)
+    class Attrs:
+        axis: int  # in [0, rank)
+        exclusive: int = 0
+        reverse: int = 0
+
+    def infer(self, dy, x):
+        if dy.shape != x.shape:
+            raise ShapeError(f"{self.debug_name}: gradient {dy} must have the input's shape {x}.")
+        return dy
+
+    def kernel(self, dy, x):
+        axis, attrs = self.attrs.axis, self.attrs
+        factors, y = _cumprod_forward(x, axis, attrs)
+        if attrs.reverse:
+            dy, y = dy.flip(axis), y.flip(axis)
+        dx = torch.ops.aten.cumprod_backward(dy, factors, axis, y)
+        if attrs.exclusive:
+            # Factor i+1 is x_i; the shifted-in 1 has no input, and the last x is never used.
+            length = x.shape[axis]
+            zero = torch.zeros_like(dx.narrow(axis, 0, min(1, length)))
+            dx = torch.cat([dx.narrow(axis, min(1, length), max(length - 1, 0)), zero], axis)
+        return dx.flip(axis) if attrs.reverse else dx
+
+
 # --- data-dependent shapes: only at compile time -------------------------------------------------
 
 
@@ -594,7 +665,10 @@ def _static_only(op: Op, index: int, what: str) -> np.ndarray:
 
 @register_op("NonZero", versions=(9, 13))
 class NonZero(Op):
-    """Indices of the non-zero elements, shape [rank, count]: folded when the input is constant."""
+    """Indices of the non-zero elements, shape [rank, count]: the count sets the output shape, so
+    the input must be constant (``const_inputs``) and the op folds."""
+
+    const_inputs = (0,)
 
     def infer(self, x):
         count = int(np.count_nonzero(_static_only(self, 0, "input")))
@@ -608,9 +682,12 @@ class NonZero(Op):
 class Compress(Op):
     """Slices of the input where ``condition`` is true (flattened input without ``axis``).
 
-    The condition sets the output shape, so it must be constant; the selected indices are
-    computed once here and the kernel is one index_select.
+    The condition sets the output shape, so it must be constant (declared in ``const_inputs``,
+    so getSupportedOperationsDefinition reports it); the selected indices are computed once
+    here and the kernel is one index_select.
     """
+
+    const_inputs = (1,)
 
     @dataclass(frozen=True)
     class Attrs:

@@ -1,5 +1,5 @@
 """Ops that make tensors from shapes and constants (spec §6.1, F78): Shape, Size, Range,
-ConstantOfShape, Constant, EyeLike and Trilu, at every ai.onnx since-version <= 21.
+ConstantOfShape, Constant, EyeLike and Trilu, at every ai.onnx since-version <= 28.
 
 Shape, Size and EyeLike fold from static input infos (``fold_from_infos``), and Constant folds
 from its attribute, so the shape arithmetic exporters emit (Shape -> Gather -> Concat ->
@@ -17,18 +17,19 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from ..dtypes import DataType
+from ..dtypes import DataType, to_storage
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir.op import NoAttrs, Op
 from ..ir.tensor import TensorInfo
 from .registry import register_op
 from .shape import INT64, const_ints, const_scalar, shape_str
+from .string_tensors import string_array
 
 
 # --- Shape queries -----------------------------------------------------------------------------
 
 
-@register_op("Shape", versions=(1, 13, 15, 19, 21))
+@register_op("Shape", versions=(1, 13, 15, 19, 21, 23, 24, 25))
 class Shape(Op):
     """INT64 dims of the input, ``[start:end]`` from 15 (clamped); folds from static shapes."""
 
@@ -58,7 +59,7 @@ class Shape(Op):
         return torch.tensor(self.value.tolist(), dtype=torch.int64)
 
 
-@register_op("Size", versions=(1, 13, 19, 21))
+@register_op("Size", versions=(1, 13, 19, 21, 23, 24, 25))
 class Size(Op):
     """INT64 scalar element count; folds from static shapes."""
 
@@ -76,12 +77,26 @@ class Size(Op):
 # --- Generators --------------------------------------------------------------------------------
 
 
-@register_op("Range", versions=(11,))
+@register_op("Range", versions=(11, 27))
 class Range(Op):
     """output[i] = start + i * delta for i < max(ceil((limit - start) / delta), 0).
 
-    All three operands are constants, so the op folds at import.
+    All three operands are constants, so the op folds at import. From version 27
+    ``stash_type`` = 1 (the default) computes float16 / bfloat16 ranges in float32 and casts the
+    result back, so large ranges do not accumulate half-precision rounding.
     """
+
+    @dataclass(frozen=True)
+    class Attrs:
+        stash_type: int = 1
+
+    @dataclass(frozen=True)
+    class Attrs11:
+        pass
+
+    @classmethod
+    def attrs_type(cls, version):
+        return cls.Attrs if version >= 27 else cls.Attrs11
 
     const_inputs = (0, 1, 2)
 
@@ -101,15 +116,28 @@ class Range(Op):
         else:
             count = -((int(first) - int(limit_v)) // int(step))  # exact integer ceil
         count = max(count, 0)
-        values = first + np.arange(count, dtype=start.dtype.numpy) * step
-        self.value = torch.from_numpy(np.asarray(values, dtype=start.dtype.numpy, order="C"))
+        half = start.dtype in (DataType.FLOAT16, DataType.BFLOAT16)
+        if half and getattr(self.attrs, "stash_type", 1) == 1:
+            wide = np.float32(first) + np.arange(count, dtype=np.float32) * np.float32(step)
+            values = wide.astype(start.dtype.numpy)
+        elif half:
+            # stash_type 0: each element is the previous one plus delta, rounded to the type.
+            values = np.empty(count, dtype=start.dtype.numpy)
+            current = np.asarray(first, dtype=start.dtype.numpy)
+            for i in range(count):
+                values[i] = current
+                current = (current + np.asarray(step, dtype=start.dtype.numpy)).astype(
+                    start.dtype.numpy)
+        else:
+            values = first + np.arange(count, dtype=start.dtype.numpy) * step
+        self.value = to_storage(np.asarray(values, dtype=start.dtype.numpy, order="C"))
         return TensorInfo(start.dtype, (count,))
 
     def kernel(self, start, limit, delta):
         return self.value.clone()
 
 
-@register_op("ConstantOfShape", versions=(9, 20, 21))
+@register_op("ConstantOfShape", versions=(9, 20, 21, 23, 24, 25))
 class ConstantOfShape(Op):
     """A tensor of constant shape filled with ``value`` (one element; default float32 0)."""
 
@@ -131,7 +159,7 @@ class ConstantOfShape(Op):
                 f"{shape_str(value.shape)}.")
         dtype = DataType.from_numpy(value.dtype)
         self.out_shape, self.dtype = dims, dtype.torch
-        self.fill = value.reshape(-1)[0].item()
+        self.fill = to_storage(value.reshape(-1)[:1], dtype)[0].item()  # storage's value
         return TensorInfo(dtype, dims)
 
     def kernel(self, shape):
@@ -154,7 +182,7 @@ def _sparse_to_dense(op: Op, sparse: onnx.SparseTensorProto) -> np.ndarray:
     return dense.reshape(dims)
 
 
-@register_op("Constant", versions=(1, 9, 11, 12, 13, 19, 21))
+@register_op("Constant", versions=(1, 9, 11, 12, 13, 19, 21, 23, 24, 25))
 class Constant(Op):
     """Exactly one of the value attributes; the op folds to a constant tensor at import."""
 
@@ -191,12 +219,13 @@ class Constant(Op):
                 f"{self.debug_name}: exactly one value attribute must be set, got "
                 f"{sorted(given) or 'none'}.")
         (name, value), = given.items()
-        if name in ("value_string", "value_strings") or (
-                name == "value" and np.asarray(value).dtype.kind in "OSU"):
-            raise UnsupportedOpError(
-                f"{self.debug_name}: string constants are not supported: the simulated IPU has "
-                f"no string tensors.")
-        if name == "sparse_value":
+        if name == "value_string":
+            array = string_array(value)
+        elif name == "value_strings":
+            array = string_array(value, (len(value),))
+        elif name == "value" and np.asarray(value).dtype.kind in "OSU":
+            array = string_array(value)
+        elif name == "sparse_value":
             array = _sparse_to_dense(self, value)
         elif name == "value_float":
             array = np.array(value, dtype=np.float32)
@@ -215,10 +244,10 @@ class Constant(Op):
         return [self.value.copy()]
 
     def kernel(self):
-        return torch.from_numpy(self.value.copy())
+        return to_storage(self.value.copy())
 
 
-@register_op("EyeLike", versions=(9,))
+@register_op("EyeLike", versions=(9, 22))
 class EyeLike(Op):
     """Ones on the k-th diagonal of a 2-D tensor shaped like the input; folds from its shape."""
 
@@ -239,7 +268,7 @@ class EyeLike(Op):
         return [self.value.copy()]
 
     def kernel(self, data):
-        return torch.from_numpy(self.value.copy())
+        return to_storage(self.value.copy())
 
     def grad(self, g):
         """The output depends only on the input's shape: zero gradient."""

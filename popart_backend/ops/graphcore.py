@@ -1,7 +1,8 @@
 """ai.graphcore ops a user can add with ``builder.aiGraphcore`` (spec §6.3), with their gradients.
 
-The losses (IdentityLoss, L1, Nll) live in ``loss.py``, LSTM with the recurrent ops, the dynamic
-slices in ``dynamic_slice.py`` and CTC in ``ctc.py``; the rest of the builder's ai.graphcore
+The losses (IdentityLoss, L1, Nll) live in ``loss.py``, LSTM in ``graphcore_lstm.py``, MultiConv
+in ``multiconv.py``, PackedDataBlock in ``packed_data_block.py``, the dynamic slices in
+``dynamic_slice.py`` and CTC in ``ctc.py``; the rest of the builder's ai.graphcore
 methods resolve here. Semantics follow PopART's op definitions;
 where the simulated IPU has to pick a behaviour PopART leaves to the hardware (out-of-range
 dynamic offsets, uninitialised ``Init`` memory) the op says which. The builder's
@@ -25,6 +26,7 @@ from ..errors import ShapeError, popart_runtime_error
 from ..ir.op import NoAttrs, Op
 from ..ir.tensor import TensorInfo
 from .base import ElementwiseBinary, ElementwiseGrad, ElementwiseUnary, normalize_axis
+from .random import mix_seed
 from .registry import AI_GRAPHCORE, AI_ONNX, register_op
 from .shape import DepthToSpace as OnnxDepthToSpace
 
@@ -730,10 +732,8 @@ class GroupNormalization(Op):
 @register_op("ShapedDropout", versions=1, domain=GC)
 class ShapedDropout(_Passthrough):
     """Dropout whose mask has ``shape`` (broadcast against the input), so whole rows or channels
-    drop together. Inert (the identity) in inference, like Dropout.
-
-    TODO(#7): the TrainingSemantics pass switches only ai.onnx Dropout to its random form, so in
-    a TrainingSession this op is still the identity.
+    drop together. Inert (the identity) in inference, like Dropout; in a TrainingSession the
+    TrainingSemantics pass replaces it by ShapedDropoutTraining.
     """
 
     foldable = False
@@ -755,3 +755,43 @@ class ShapedDropout(_Passthrough):
 
     def grad(self, g):
         g.set_input_grad(0, g.output_grad(0))
+
+
+@register_op("ShapedDropoutTraining", versions=1, domain=GC)
+class ShapedDropoutTraining(Op):
+    """ShapedDropout of a TrainingSession: output = data * mask / (1 - ratio) with one
+    Bernoulli(1 - ratio) mask of ``shape``, broadcast against the data (so it is shared along
+    the dims where ``shape`` is 1); inputs (data, seed), outputs (output, mask). The mask is
+    drawn like DropoutTraining's (``random.py``) and reused by the gradient."""
+
+    public = False  # only the TrainingSemantics pass creates it
+    foldable = False
+    requires_random_seed = True
+
+    @dataclass(frozen=True)
+    class Attrs:
+        shape: tuple[int, ...]
+        ratio: float = 0.5
+        seed_modifier: int = 0
+
+    def infer(self, x, seed):
+        ShapedDropout.infer(self, x)
+        if seed.shape != (2,) or seed.dtype != DataType.INT64:
+            raise ShapeError(f"{self.debug_name}: the seed input {seed} must be INT64 [2].")
+        self._scale = 1.0 / (1.0 - self.attrs.ratio)
+        return [x, TensorInfo(DataType.BOOL, tuple(self.attrs.shape))]
+
+    def kernel(self, x, seed):
+        user_seed, counter = seed.tolist()
+        generator = torch.Generator()
+        generator.manual_seed(mix_seed(user_seed, counter, self.attrs.seed_modifier))
+        keep = torch.rand(self.attrs.shape, generator=generator) >= self.attrs.ratio
+        out = x * keep
+        if self._scale != 1.0:
+            out.mul_(self._scale)
+        return out, keep
+
+    def grad(self, g):
+        # DropoutGrad's dY * mask broadcasts the shaped mask like the forward did.
+        g.set_input_grad(0, g.op("DropoutGrad", g.output_grad(0), g.output(1), domain=GC,
+                                 ratio=self.attrs.ratio))

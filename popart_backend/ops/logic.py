@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..dtypes import DataType
+from ..dtypes import DataType, wrap_unsigned
 from ..errors import UnsupportedOpError
 from ..ir.tensor import TensorInfo
-from .base import WIDE_UNSIGNED, Binary, Compare, Unary, broadcast_shapes, check_dtypes
+from .base import Binary, Compare, UInt64, Unary, broadcast_shapes, check_dtypes
 from .registry import register_op
 
 
@@ -77,53 +77,74 @@ class Not(Unary):
 
 @register_op("BitwiseNot", versions=18)
 class BitwiseNot(Unary):
+    uint64 = UInt64.BITS
+
     def kernel(self, x):
         return torch.bitwise_not(x)
 
 
-@register_op("BitShift", versions=11)
+@register_op("BitShift", versions=(11, 28))
 class BitShift(Binary):
-    """uint16/uint32 shift in int64 (torch lacks those kernels) and wrap back; uint64 raises."""
+    """Shifts in int64, then truncates to the type: left shifts drop the bits past the width
+    (for signed types too, from version 28), right shifts are arithmetic for signed and logical
+    for unsigned types. A shift amount that is negative or at least the width gives what sign
+    extension alone gives: -1 for a right shift of a negative value, else 0 (version 28 states
+    it; version 11 leaves it undefined and gets the same)."""
 
     @dataclass(frozen=True)
     class Attrs:
         direction: str
 
     def infer(self, a, b):
-        check_dtypes(self, a, b, wide_unsigned_ok=True)
+        check_dtypes(self, a, b, wide_unsigned_ok=True)  # uint64 handled below
         if self.attrs.direction not in ("LEFT", "RIGHT"):
             raise UnsupportedOpError(
                 f"{self.debug_name}: direction='{self.attrs.direction}'; use 'LEFT' or 'RIGHT'."
             )
-        if a.dtype is DataType.UINT64:
-            raise UnsupportedOpError(
-                f"{self.debug_name}: uint64 shifts are not implemented by the simulated IPU's "
-                f"kernels; use uint8, uint16 or uint32."
-            )
-        self._widen = a.dtype in WIDE_UNSIGNED
-        left = self.attrs.direction == "LEFT"
-        self._shift = torch.bitwise_left_shift if left else torch.bitwise_right_shift
+        self._left = self.attrs.direction == "LEFT"
+        self._bits = a.dtype.bits
+        self._dtype = a.dtype
+        self._logical64 = a.dtype is DataType.UINT64
         return TensorInfo(a.dtype, broadcast_shapes(self, a.shape, b.shape))
 
     def kernel(self, a, b):
-        if self._widen:
-            return self._shift(a.long(), b.long()).to(a.dtype)
-        return self._shift(a, b)
+        x, shift = a.long(), b.long()
+        # uint64 amounts >= 2**63 read as negative int64: out of range either way.
+        outside = (shift < 0) | (shift >= self._bits)
+        shift = torch.where(outside, 0, shift)
+        if self._left:
+            result = torch.where(outside, 0, torch.bitwise_left_shift(x, shift))
+        else:
+            result = torch.bitwise_right_shift(x, shift)
+            if self._logical64:
+                # Clear the copies of bit 63 the arithmetic shift brought in.
+                low_bits = torch.full_like(x, 2**63 - 1)
+                keep = torch.bitwise_right_shift(low_bits, (shift - 1).clamp(min=0))
+                result = torch.where(shift == 0, x, torch.bitwise_and(result, keep))
+            fill = torch.where(x < 0, -1, 0) if not self._dtype.is_unsigned else 0
+            result = torch.where(outside, fill, result)
+        return wrap_unsigned(result, self._dtype).to(a.dtype)
 
 
 @register_op("BitwiseAnd", versions=18)
 class BitwiseAnd(Binary):
+    uint64 = UInt64.BITS
+
     def kernel(self, a, b):
         return torch.bitwise_and(a, b)
 
 
 @register_op("BitwiseOr", versions=18)
 class BitwiseOr(Binary):
+    uint64 = UInt64.BITS
+
     def kernel(self, a, b):
         return torch.bitwise_or(a, b)
 
 
 @register_op("BitwiseXor", versions=18)
 class BitwiseXor(Binary):
+    uint64 = UInt64.BITS
+
     def kernel(self, a, b):
         return torch.bitwise_xor(a, b)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..dtypes import DataType
+from ..dtypes import DataType, to_storage
 from ..errors import ShapeError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
@@ -186,7 +186,10 @@ class MaxUnpoolGrad(Op):
 @register_op("Unique", versions=(11, 28))
 class Unique(Op):
     """Unique elements (or slices along ``axis``), first-occurrence indices, inverse indices and
-    counts. The output size depends on the values, so the input must be constant; the op folds."""
+    counts. The output size depends on the values, so the input must be constant
+    (``const_inputs``); the op folds."""
+
+    const_inputs = (0,)
 
     @dataclass(frozen=True)
     class Attrs:
@@ -194,7 +197,7 @@ class Unique(Op):
         sorted: int = 1
 
     def infer(self, x):
-        data = torch.from_numpy(np.ascontiguousarray(_static_only(self, 0, "input")))
+        data = to_storage(_static_only(self, 0, "input"), x.dtype)
         self._axis = None if self.attrs.axis is None else normalize_axis(self, self.attrs.axis,
                                                                          x.rank)
         self._result = self._unique(data)

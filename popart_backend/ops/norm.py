@@ -404,7 +404,7 @@ def _check_channel_params(op: Op, x: TensorInfo, size: int, *params) -> None:
             raise ShapeError(f"{op.debug_name}: {name} {info} and X {x} dtypes differ.")
 
 
-@register_op("InstanceNormalization", versions=(1, 6))
+@register_op("InstanceNormalization", versions=(1, 6, 22))
 class InstanceNormalization(LegacyConsumedInputs, _Normalization):
     """Normalize each (n, c) plane over its spatial dims, then scale and shift per channel."""
 

@@ -22,7 +22,7 @@ from ..ir.tensor import TensorInfo
 from .registry import AI_GRAPHCORE, register_op
 
 
-@register_op("Dropout", versions=(1, 6, 7, 10, 12, 13))
+@register_op("Dropout", versions=(1, 6, 7, 10, 12, 13, 22))
 class Dropout(Op):
     """output = data; mask = all ones (BOOL from version 10, the data type before)."""
 

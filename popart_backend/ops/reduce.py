@@ -30,7 +30,7 @@ from ..dtypes import DataType
 from ..errors import ShapeError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
-from .base import check_dtypes
+from .base import UInt64, check_dtypes
 from .registry import AI_GRAPHCORE, register_op
 
 
@@ -144,6 +144,8 @@ class ReduceGrad(Op):
 
 @register_op("ReduceSum", versions=(1, 11, 13))
 class ReduceSum(Reduce):
+    uint64 = UInt64.BITS
+
     axes_input_since = 13
 
     def reduce(self, x):
@@ -192,6 +194,8 @@ def _empty_extreme(dtype: torch.dtype, shape: tuple[int, ...], lowest: bool) -> 
 
 @register_op("ReduceMax", versions=(1, 11, 12, 13, 18, 20))
 class ReduceMax(Reduce):
+    uint64 = UInt64.ORDER
+
     def reduce(self, x):
         if self.count == 0:
             return _empty_extreme(x.dtype, self.out_shape, lowest=True)
@@ -215,6 +219,8 @@ class ReduceMaxGrad(ReduceGrad):
 
 @register_op("ReduceMin", versions=(1, 11, 12, 13, 18, 20))
 class ReduceMin(Reduce):
+    uint64 = UInt64.ORDER
+
     def reduce(self, x):
         if self.count == 0:
             return _empty_extreme(x.dtype, self.out_shape, lowest=False)
@@ -231,6 +237,8 @@ class ReduceMinGrad(ReduceMaxGrad):
 
 @register_op("ReduceProd", versions=(1, 11, 13, 18))
 class ReduceProd(Reduce):
+    uint64 = UInt64.BITS
+
     def reduce(self, x):
         # torch.prod takes one axis at a time.
         for d in reversed(self.dims):
@@ -350,6 +358,8 @@ class ReduceLogSumExpGrad(ReduceGrad):
 
 @register_op("ReduceSumSquare", versions=(1, 11, 13, 18))
 class ReduceSumSquare(Reduce):
+    uint64 = UInt64.BITS
+
     def reduce(self, x):
         return self._sum(x * x)
 
@@ -369,6 +379,8 @@ class ReduceSumSquareGrad(ReduceGrad):
 class ArgReduce(Op):
     """INT64 index of the max/min along ``axis``; ties pick the first index unless
     ``select_last_index`` (version 12+)."""
+
+    uint64 = UInt64.ORDER
 
     find: ClassVar = staticmethod(torch.argmax)
 

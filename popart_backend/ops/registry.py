@@ -20,6 +20,7 @@ from ..ir.op import Op
 
 AI_ONNX = "ai.onnx"
 AI_GRAPHCORE = "ai.graphcore"
+AI_ONNX_ML = "ai.onnx.ml"
 
 _REGISTRY: dict[tuple[str, str], dict[int, type[Op]]] = {}
 _log = logging.getLogger("popart:op")
@@ -103,11 +104,11 @@ def resolve(op_type: str, domain: str, opset: int, strict: bool = True) -> tuple
             f"{min(table)} (supported versions {sorted(table)})."
         )
     version = max(usable)
-    if domain == AI_ONNX:
+    if domain in (AI_ONNX, AI_ONNX_ML):
         expected = onnx_since_version(op_type, opset, domain)
         if expected is not None and expected != version:
             message = (
-                f"Op {op_type} in ai.onnx opset {opset} is version {expected}, but popart_backend "
+                f"Op {op_type} in {domain} opset {opset} is version {expected}, but popart_backend "
                 f"implements versions {sorted(table)} of it."
             )
             if strict:

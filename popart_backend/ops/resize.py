@@ -67,13 +67,22 @@ class ResizeRequest:
 
 
 def _source_coordinates(
-    req: ResizeRequest, out_len: int, in_len: int, scale, roi, ft=_F32
+    req: ResizeRequest, out_len: int, in_len: int, scale, roi, ft=_F32, from_scale=False
 ) -> np.ndarray:
     """Source coordinate of each output position along one axis, in float32 like onnxruntime
-    (``ft`` float64 for double inputs, like the ONNX reference)."""
+    (``ft`` float64 for double inputs, like the ONNX reference).
+
+    ``from_scale``: the output length came from a scale (not from sizes). ONNX defines
+    ``scale = length_resized / length_original``, so align_corners then divides by the
+    unrounded ``scale * length_original - 1`` (the ONNX reference and the backend test data do;
+    onnxruntime divides by the floored output length instead, which differs when
+    ``scale * length_original`` is fractional).
+    """
     x = np.arange(out_len, dtype=ft)
     scale = ft(scale)
     length_in, length_out = ft(in_len), ft(out_len)
+    if from_scale and req.transform == "align_corners":
+        length_out = scale * length_in
     half = ft(0.5)
     t = req.transform
     if t == "half_pixel":
@@ -85,7 +94,7 @@ def _source_coordinates(
     if t == "pytorch_half_pixel":
         return (x + half) / scale - half if out_len > 1 else np.zeros(out_len, ft)
     if t == "align_corners":
-        if out_len == 1:
+        if out_len == 1 or length_out == 1:
             return np.zeros(out_len, ft)
         return x * (length_in - 1) / (length_out - 1)
     if t == "asymmetric":
@@ -202,6 +211,7 @@ class ResizeBase(Op):
         if req.antialias and req.mode == "nearest":
             req = dataclasses.replace(req, antialias=False)  # antialias is for linear/cubic only
         source = x
+        from_scale = sizes is None
         if scales is None:
             out_shape = tuple(int(s) for s in sizes)
             scales = [_F32(o) / _F32(i) if i else _F32(1) for o, i in zip(out_shape, x.shape)]
@@ -229,7 +239,7 @@ class ResizeBase(Op):
                 )
             ft = np.float64 if x.dtype == DataType.DOUBLE else _F32
             axis_roi = (roi[axis], roi[axis + x.rank])
-            coords = _source_coordinates(req, n_out, n_in, scale, axis_roi, ft)
+            coords = _source_coordinates(req, n_out, n_in, scale, axis_roi, ft, from_scale)
             index, weight = _taps(req, coords, n_in, scale)
             taps = index.shape[1]
             view = x.shape[:axis] + (n_out, taps) + x.shape[axis + 1 :]
@@ -275,8 +285,11 @@ class ResizeBase(Op):
         if req.mode == "linear" or (req.mode == "cubic" and rank == 4 and req.cubic_coeff_a == -0.75
                                      and not req.exclude_outside):
             mode = linear if req.mode == "linear" else "bicubic"
-            if t == "align_corners":
+            if t == "align_corners" and all(exact):
+                # torch divides by (size - 1); ONNX by (scale * input - 1): equal when whole.
                 return dict(size=size, mode=mode, align_corners=True)
+            if t == "align_corners":
+                return None
             # torch samples with in/out when given a size; ONNX uses the scale, which equals
             # in/out only when the scaled size is a whole number.
             half_pixel = t == "half_pixel" or (t == "pytorch_half_pixel" and min(size) > 1)

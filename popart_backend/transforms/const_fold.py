@@ -15,9 +15,11 @@ import logging
 import numpy as np
 import torch
 
+from ..dtypes import to_host, to_storage
 from ..errors import popart_exception
 from ..ir.graph import Graph
 from ..ir.op import Op
+from ..ops.string_tensors import kernel_for
 
 _log = logging.getLogger("popart:ces")
 
@@ -50,16 +52,21 @@ def evaluate(op: Op) -> list[np.ndarray]:
     """Run ``op``'s kernel on its constant inputs."""
     args = [None if t is None else to_torch(t.data) for t in op.inputs]
     with torch.no_grad():
-        result = op.kernel(*args)
+        result = kernel_for(op)(*args)
     results = result if isinstance(result, (tuple, list)) else [result]
-    return [r.numpy() if isinstance(r, torch.Tensor) else np.asarray(r) for r in results]
+    dtypes = [None if t is None else t.info.dtype for t in op.outputs]
+    return [to_host(r, dtype) if isinstance(r, torch.Tensor) else np.asarray(r)
+            for r, dtype in zip(results, dtypes)]
 
 
-def to_torch(array: np.ndarray) -> torch.Tensor:
+def to_torch(array: np.ndarray) -> torch.Tensor | np.ndarray:
+    """STRING (object) arrays stay numpy: torch has no string type (ops/string_tensors.py)."""
     array = np.asarray(array)
     if not array.flags.writeable or not array.flags.c_contiguous:
         array = np.array(array, copy=True, order="C")
-    return torch.from_numpy(array)
+    if array.dtype == object:
+        return array
+    return to_storage(array)
 
 
 class FoldConstants:

@@ -20,7 +20,8 @@ RANDOM_SEED_ID = "randomSeed___"
 
 
 def requires_random_seed(op) -> bool:
-    return bool(getattr(type(op), "requires_random_seed", False))
+    # Per instance: an op may decide in infer() (Dropout with a training_mode input).
+    return bool(getattr(op, "requires_random_seed", False))
 
 
 class WireRandomSeed:

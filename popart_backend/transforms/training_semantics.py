@@ -9,6 +9,8 @@
   tensor ``randomSeed___`` (INT64 [2], VARIABLE, role STEP; created here, appended as the last
   input), with a per-op ``seed_modifier`` (a stable hash of the op's output id). Its mask is an
   output, so the backward reuses it.
+- ai.graphcore ShapedDropout becomes ``ai.graphcore::ShapedDropoutTraining`` the same way (its
+  mask has the op's ``shape``).
 - LayerNormalization gets its Mean and InvStdDev outputs, so the backward reuses them instead of
   recomputing.
 
@@ -48,6 +50,10 @@ class TrainingSemantics:
         graph = ir.main
         changed = False
         for op in list(graph.ops.values()):
+            if op.domain == AI_GRAPHCORE and op.op_type == "ShapedDropout":
+                self._shaped_dropout(graph, op)
+                changed = True
+                continue
             if op.domain != AI_ONNX:
                 continue
             if op.op_type == "BatchNormalization":
@@ -105,6 +111,18 @@ class TrainingSemantics:
         if outputs[1] is None:
             outputs[1] = graph.unique_id(f"{out.id}/mask")
         _replace(graph, op, new, [op.inputs[0].id, seed.id], outputs)
+
+    def _shaped_dropout(self, graph: Graph, op: Op) -> None:
+        seed = _seed_tensor(graph)
+        out = op.outputs[0]
+        new = create_op(
+            "ShapedDropoutTraining",
+            {"shape": op.attrs.shape, "ratio": op.attrs.ratio,
+             "seed_modifier": zlib.crc32(out.id.encode())},
+            op.settings, domain=AI_GRAPHCORE, where=op.debug_name,
+        )
+        _replace(graph, op, new, [op.inputs[0].id, seed.id],
+                 [out, graph.unique_id(f"{out.id}/mask")])
 
     def _layer_norm(self, graph: Graph, op: Op) -> None:
         outputs = _padded(op.outputs, 3)

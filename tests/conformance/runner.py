@@ -75,6 +75,13 @@ def _constant_inputs(model: onnx.ModelProto) -> set[str]:
         for slot, name in enumerate(node.input):
             if name and slot < len(definition.inputs) and definition.inputs[slot].constant:
                 needed.add(name)
+        carried = len(node.input) - 2
+        if node.op_type == "Loop" and (_value_inputs(model) & set(node.input[2:])
+                                       or len(node.output) > carried):
+            # A Loop carrying a sequence / optional is unrolled at compile time, and one with
+            # scan outputs stacks a number of iterations known at compile time (static
+            # shapes): its trip count and condition are compile-time values.
+            needed.update(n for n in node.input[:2] if n)
     # A value needed at compile time needs every value it is computed from, including the
     # outer-scope values an If / Loop / Scan body reads.
     changed = True
@@ -88,6 +95,11 @@ def _constant_inputs(model: onnx.ModelProto) -> set[str]:
                     needed.add(name)
                     changed = True
     return needed & graph_inputs
+
+
+def _value_inputs(model: onnx.ModelProto) -> set[str]:
+    """Graph inputs that are sequences or optionals, not tensors."""
+    return {i.name for i in model.graph.input if not i.type.HasField("tensor_type")}
 
 
 def _is_static(value_info: onnx.ValueInfoProto) -> bool:
@@ -127,6 +139,9 @@ def prepare_model(case: Case) -> tuple[bytes, list[str], set[str], popart.InputS
         value = values[vi.name][0]
         if isinstance(value, (np.ndarray, np.generic)):
             shape_info.add(vi.name, popart.TensorInfo(np.asarray(value)))
+        elif value is None or isinstance(value, list):  # optional / sequence inputs
+            shape_info.add(vi.name, None if value is None else [
+                popart.TensorInfo(np.asarray(v)) for v in value])
     return case_model, fed, bind, shape_info
 
 
@@ -155,9 +170,32 @@ def run_case(case: Case) -> None:
     session.prepareDevice()
     anchors = session.initAnchorArrays()
     for inputs, expected in case.data_sets:
-        feeds = {name: np.asarray(value) for name, value in zip(fed, inputs) if name not in bound}
+        feeds = {name: _host_value(value) for name, value in zip(fed, inputs) if name not in bound}
         session.run(popart.PyStepIO(feeds, anchors))
         assert len(expected) == len(outputs), (
             f"the case gives {len(expected)} expected outputs for {len(outputs)} graph outputs")
         for name, want in zip(outputs, expected):
-            assert_similar(name, anchors[name], want, case.rtol, case.atol)
+            _assert_value(name, anchors[name], want, case.rtol, case.atol)
+
+
+def _host_value(value):
+    """Test data as fed: arrays, lists of arrays (sequences) and None (empty optionals)."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [np.asarray(v) for v in value]
+    return np.asarray(value)
+
+
+def _assert_value(name: str, actual, expected, rtol: float, atol: float) -> None:
+    """``assert_similar`` element by element for sequence (list) and optional (None) outputs."""
+    if expected is None or actual is None:
+        assert actual is None and expected is None, f"output '{name}': {actual!r} != {expected!r}"
+        return
+    if isinstance(expected, list):
+        assert isinstance(actual, list) and len(actual) == len(expected), (
+            f"output '{name}': expected a sequence of {len(expected)}, got {actual!r}")
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_similar(f"{name}[{i}]", a, e, rtol, atol)
+        return
+    assert_similar(name, actual, expected, rtol, atol)

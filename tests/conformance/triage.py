@@ -31,12 +31,39 @@ _DTYPE_NAMES = {
 MAX_OPSET = 28  # the backend imports ai.onnx opsets 6-28 (the installed onnx package's range)
 
 
+# Cases whose outputs differ for a reason worked out by hand (a regex over the case name).
+_KNOWN_MISMATCHES = {
+    r"^test_attention_.*(bf16|fp16_expanded)": (
+        "16-bit rounding: the expected outputs round every partial sum of the softmax to "
+        "bfloat16 / float16 one element at a time (ml_dtypes numpy); we accumulate in float32 "
+        "and round once, a 1-ulp difference beyond the case's rtol 1e-3"),
+    r"^test_dft_inverse": (
+        "the expected output carries numpy's float32 FFT rounding noise (1.9e-7 where the exact "
+        "value is 0; the case's atol is 1e-7); we return the exact 0"),
+    r"^test_maxunpool_export_with_output_shape$": (
+        "the expected output reads the indices over the kernel/strides size and pads to "
+        "output_shape; ONNX's operator text, onnxruntime and torch read them over output_shape, "
+        "as we do"),
+    r"^test_if_opt$": (
+        "whether the optional output is present depends on a runtime condition: its shape is "
+        "not static"),
+}
+
+
 def classify(name: str, error: str) -> str:
     """A reason category for a failing case, from its name and error text."""
+    for pattern, reason in _KNOWN_MISMATCHES.items():
+        if re.search(pattern, name):
+            return reason
     if name.startswith("test_training_dropout"):
-        return "Dropout training_mode=1: random masks need a TrainingSession (DESIGN decision 5)"
+        return ("Dropout training_mode=1 in an InferenceSession is inert: the session type "
+                "decides, as in PopART (DESIGN decision 5, spec P15); the expected masks are "
+                "numpy draws besides")
     if "training_mode" in name and "batchnorm" in name:
-        return "BatchNormalization training_mode=1: batch statistics need a TrainingSession"
+        return ("BatchNormalization training_mode=1 in an InferenceSession uses the running "
+                "statistics: the session type decides, as in PopART (DESIGN decision 5, P15)")
+    if name.startswith("test_bernoulli"):
+        return "random values: the expected outputs are numpy draws our torch generator cannot equal"
     found = re.search(r"Op (\w+) \(domain ([\w.]+), opset \d+\) is not supported", error)
     if found:
         op, domain = found.groups()

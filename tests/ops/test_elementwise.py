@@ -279,7 +279,9 @@ def test_binary_arithmetic(case):
         for k, (sa, sb) in enumerate(BINARY_SHAPES):
             a, b = _binary_inputs(op_type, version, dtype, sa, sb, seed=k)
             for attrs in attr_sets:
-                if dtype == np.uint16:  # onnxruntime has no uint16 BitShift
+                # onnxruntime has no uint16 BitShift, nor signed ones (BitShift-28 > its opset)
+                no_ort = dtype == np.uint16 or np.dtype(dtype).kind == "i"
+                if op_type == "BitShift" and no_ort:
                     shift = np.left_shift if attrs["direction"] == "LEFT" else np.right_shift
                     check_op(op_type, [a, b], attrs, opset=version, ref=shift)
                     continue
@@ -440,10 +442,10 @@ def test_cast_like(version):
 
 
 def test_cast_errors():
-    with pytest.raises(UnsupportedOpError, match="Cast"):
-        check_op("Cast", [sample((2,), np.float32)], {"to": 8}, opset=13)  # STRING
-    with pytest.raises(UnsupportedOpError, match="Cast"):
-        check_op("Cast", [sample((2,), np.float32)], {"to": 17}, opset=19)  # float8e4m3fn
+    with pytest.raises(UnsupportedOpError, match="Cast-13 cannot cast to float8e4m3fn"):
+        check_op("Cast", [sample((2,), np.float32)], {"to": 17}, opset=13)
+    with pytest.raises(UnsupportedOpError, match="Cast .*to=99"):
+        check_op("Cast", [sample((2,), np.float32)], {"to": 99}, opset=19)
 
 
 # --- errors and the broadcast rule ----------------------------------------------------------------
@@ -471,8 +473,8 @@ def test_dtype_errors():
         check_op("Exp", [sample((3,), np.int32)], opset=13)
     with pytest.raises(UnsupportedOpError, match="Mod .*fmod=1"):
         check_op("Mod", [sample((3,), np.float32), sample((3,), np.float32)], opset=13)
-    with pytest.raises(UnsupportedOpError, match="Add .*uint32"):
-        check_op("Add", [sample((3,), np.uint32), sample((3,), np.uint32)], opset=14)
+    with pytest.raises(UnsupportedOpError, match="Abs .*uint64"):
+        check_op("Abs", [sample((3,), np.uint64)], opset=13)
 
 
 _dims = st.integers(min_value=1, max_value=4)

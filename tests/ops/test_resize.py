@@ -244,3 +244,13 @@ def test_scales_and_sizes_together_are_rejected():
                    np.array([1, 1, 4, 4], np.int64)], opset=13, const_inputs=(1, 2, 3))
     with pytest.raises(Exception, match="Resize.*exactly one of scales and sizes"):
         run_popart(model, feeds)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("scales", [[1, 1, 0.6, 0.6], [1, 1, 0.8, 1.7]])
+def test_align_corners_with_fractional_scaled_length(mode, scales, path):
+    """F78: with scales, ONNX's align_corners divides by scale * length - 1 (unrounded), as the
+    ONNX reference does; onnxruntime uses the floored output length, so it is not the reference
+    here (4 * 0.6 = 2.4: the second output column samples 3 / 1.4, not 3 / 1)."""
+    attrs = {"mode": mode, "coordinate_transformation_mode": "align_corners"}
+    resize(rand(1, 2, 4, 4), attrs, scales=scales, reference="onnx")

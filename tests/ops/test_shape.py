@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from popart_backend.errors import ShapeError, UnsupportedOpError
+from popart_backend.errors import ShapeError
 from popart_backend.onnx_import import import_model
 from popart_backend.ops.registry import registered_versions
 from tests.helpers import check_op, rand, run_onnxruntime, run_popart
@@ -384,9 +384,10 @@ def test_shape_errors(op, inputs, attrs, outputs, message):
         check_op(op, inputs, attrs, num_outputs=outputs, const_inputs=range(1, len(inputs)))
 
 
-def test_string_constant_is_unsupported():
-    with pytest.raises(UnsupportedOpError, match="string"):
-        check_op("Constant", [], {"value_string": "hello"}, opset=13)
+def test_string_constants():
+    """F78: string Constants fold to STRING constants (ops/string_tensors.py)."""
+    check_op("Constant", [], {"value_string": "hello"}, opset=13)
+    check_op("Constant", [], {"value_strings": ["a", "bc"]}, opset=13)
 
 
 # --- folding of exporter shape arithmetic -------------------------------------------------------
