@@ -8,6 +8,7 @@ from . import logic  # noqa: F401
 from . import cast  # noqa: F401
 from . import loss  # noqa: F401
 from . import gather_scatter  # noqa: F401
+from . import cumulative  # noqa: F401
 from . import shape  # noqa: F401
 from . import slicing  # noqa: F401
 from . import generators  # noqa: F401

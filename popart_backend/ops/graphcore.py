@@ -2,8 +2,8 @@
 
 The losses (IdentityLoss, L1, Nll) live in ``loss.py``, LSTM in ``graphcore_lstm.py``, MultiConv
 in ``multiconv.py``, PackedDataBlock in ``packed_data_block.py``, the dynamic slices in
-``dynamic_slice.py`` and CTC in ``ctc.py``; the rest of the builder's ai.graphcore
-methods resolve here. Semantics follow PopART's op definitions;
+``dynamic_slice.py``, CTC in ``ctc.py`` and ShapedDropout in ``random.py``; the rest of the
+builder's ai.graphcore methods resolve here. Semantics follow PopART's op definitions;
 where the simulated IPU has to pick a behaviour PopART leaves to the hardware (out-of-range
 dynamic offsets, uninitialised ``Init`` memory) the op says which. The builder's
 ``replicatedallreduce`` resolves to ``collectives.ReplicatedAllReduce``.
@@ -26,7 +26,6 @@ from ..errors import ShapeError, popart_runtime_error
 from ..ir.op import NoAttrs, Op
 from ..ir.tensor import TensorInfo
 from .base import ElementwiseBinary, ElementwiseGrad, ElementwiseUnary, normalize_axis
-from .random import mix_seed
 from .registry import AI_GRAPHCORE, AI_ONNX, register_op
 from .shape import DepthToSpace as OnnxDepthToSpace
 
@@ -724,74 +723,3 @@ class GroupNormalization(Op):
                      num_groups=self.attrs.num_groups, epsilon=self.attrs.epsilon)
         for i, grad in zip(wrt, grads if isinstance(grads, list) else [grads]):
             g.set_input_grad(i, grad)
-
-
-# --- dropout ----------------------------------------------------------------------------------
-
-
-@register_op("ShapedDropout", versions=1, domain=GC)
-class ShapedDropout(_Passthrough):
-    """Dropout whose mask has ``shape`` (broadcast against the input), so whole rows or channels
-    drop together. Inert (the identity) in inference, like Dropout; in a TrainingSession the
-    TrainingSemantics pass replaces it by ShapedDropoutTraining.
-    """
-
-    foldable = False
-
-    @dataclass(frozen=True)
-    class Attrs:
-        shape: tuple[int, ...]
-        ratio: float = 0.5
-
-    def infer(self, x):
-        from .base import broadcast_shapes
-
-        if broadcast_shapes(self, x.shape, self.attrs.shape) != x.shape:
-            raise ShapeError(f"{self.debug_name}: the mask shape {list(self.attrs.shape)} does "
-                             f"not broadcast to the input {x}.")
-        if not 0.0 <= self.attrs.ratio < 1.0:
-            raise ShapeError(f"{self.debug_name}: ratio {self.attrs.ratio} must be in [0, 1).")
-        return x
-
-    def grad(self, g):
-        g.set_input_grad(0, g.output_grad(0))
-
-
-@register_op("ShapedDropoutTraining", versions=1, domain=GC)
-class ShapedDropoutTraining(Op):
-    """ShapedDropout of a TrainingSession: output = data * mask / (1 - ratio) with one
-    Bernoulli(1 - ratio) mask of ``shape``, broadcast against the data (so it is shared along
-    the dims where ``shape`` is 1); inputs (data, seed), outputs (output, mask). The mask is
-    drawn like DropoutTraining's (``random.py``) and reused by the gradient."""
-
-    public = False  # only the TrainingSemantics pass creates it
-    foldable = False
-    requires_random_seed = True
-
-    @dataclass(frozen=True)
-    class Attrs:
-        shape: tuple[int, ...]
-        ratio: float = 0.5
-        seed_modifier: int = 0
-
-    def infer(self, x, seed):
-        ShapedDropout.infer(self, x)
-        if seed.shape != (2,) or seed.dtype != DataType.INT64:
-            raise ShapeError(f"{self.debug_name}: the seed input {seed} must be INT64 [2].")
-        self._scale = 1.0 / (1.0 - self.attrs.ratio)
-        return [x, TensorInfo(DataType.BOOL, tuple(self.attrs.shape))]
-
-    def kernel(self, x, seed):
-        user_seed, counter = seed.tolist()
-        generator = torch.Generator()
-        generator.manual_seed(mix_seed(user_seed, counter, self.attrs.seed_modifier))
-        keep = torch.rand(self.attrs.shape, generator=generator) >= self.attrs.ratio
-        out = x * keep
-        if self._scale != 1.0:
-            out.mul_(self._scale)
-        return out, keep
-
-    def grad(self, g):
-        # DropoutGrad's dY * mask broadcasts the shaped mask like the forward did.
-        g.set_input_grad(0, g.op("DropoutGrad", g.output_grad(0), g.output(1), domain=GC,
-                                 ratio=self.attrs.ratio))

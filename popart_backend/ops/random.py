@@ -1,4 +1,5 @@
-"""Random ops: Dropout, in its inference form, and DropoutTraining, its active form.
+"""Random ops: Dropout, in its inference form, and DropoutTraining, its active form; the same pair
+for ai.graphcore ShapedDropout (one mask of ``shape`` broadcast against the data).
 
 Whether dropout is active is decided by the session, as in PopART (DESIGN decision 5): in an
 inference graph Dropout is the identity and its mask is all ones, even when the model sets
@@ -19,6 +20,7 @@ from ..dtypes import DataType
 from ..errors import ShapeError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
+from .base import broadcast_shapes
 from .registry import AI_GRAPHCORE, register_op
 
 
@@ -151,3 +153,75 @@ class DropoutGrad(Op):
     def kernel(self, dy, mask):
         out = dy * mask
         return out.mul_(self._scale) if self._scale != 1.0 else out
+
+
+# --- ai.graphcore ShapedDropout ----------------------------------------------------------------
+
+
+@register_op("ShapedDropout", versions=1, domain=AI_GRAPHCORE)
+class ShapedDropout(Op):
+    """Dropout whose mask has ``shape`` (broadcast against the input), so whole rows or channels
+    drop together. Inert (the identity) in inference, like Dropout; in a TrainingSession the
+    TrainingSemantics pass replaces it by ShapedDropoutTraining.
+    """
+
+    foldable = False
+
+    @dataclass(frozen=True)
+    class Attrs:
+        shape: tuple[int, ...]
+        ratio: float = 0.5
+
+    def infer(self, x):
+        if broadcast_shapes(self, x.shape, self.attrs.shape) != x.shape:
+            raise ShapeError(f"{self.debug_name}: the mask shape {list(self.attrs.shape)} does "
+                             f"not broadcast to the input {x}.")
+        if not 0.0 <= self.attrs.ratio < 1.0:
+            raise ShapeError(f"{self.debug_name}: ratio {self.attrs.ratio} must be in [0, 1).")
+        return x
+
+    def kernel(self, x):
+        return x
+
+    def grad(self, g):
+        g.set_input_grad(0, g.output_grad(0))
+
+
+@register_op("ShapedDropoutTraining", versions=1, domain=AI_GRAPHCORE)
+class ShapedDropoutTraining(Op):
+    """ShapedDropout of a TrainingSession: output = data * mask / (1 - ratio) with one
+    Bernoulli(1 - ratio) mask of ``shape``, broadcast against the data (so it is shared along
+    the dims where ``shape`` is 1); inputs (data, seed), outputs (output, mask). The mask is
+    drawn like DropoutTraining's and reused by the gradient."""
+
+    public = False  # only the TrainingSemantics pass creates it
+    foldable = False
+    requires_random_seed = True
+
+    @dataclass(frozen=True)
+    class Attrs:
+        shape: tuple[int, ...]
+        ratio: float = 0.5
+        seed_modifier: int = 0
+
+    def infer(self, x, seed):
+        ShapedDropout.infer(self, x)
+        if seed.shape != (2,) or seed.dtype != DataType.INT64:
+            raise ShapeError(f"{self.debug_name}: the seed input {seed} must be INT64 [2].")
+        self._scale = 1.0 / (1.0 - self.attrs.ratio)
+        return [x, TensorInfo(DataType.BOOL, tuple(self.attrs.shape))]
+
+    def kernel(self, x, seed):
+        user_seed, counter = seed.tolist()
+        generator = torch.Generator()
+        generator.manual_seed(mix_seed(user_seed, counter, self.attrs.seed_modifier))
+        keep = torch.rand(self.attrs.shape, generator=generator) >= self.attrs.ratio
+        out = x * keep
+        if self._scale != 1.0:
+            out.mul_(self._scale)
+        return out, keep
+
+    def grad(self, g):
+        # DropoutGrad's dY * mask broadcasts the shaped mask like the forward did.
+        g.set_input_grad(0, g.op("DropoutGrad", g.output_grad(0), g.output(1), domain=AI_GRAPHCORE,
+                                 ratio=self.attrs.ratio))
