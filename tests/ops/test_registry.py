@@ -96,3 +96,24 @@ def test_registering_twice_raises():
 def test_version_below_first_supported():
     with pytest.raises(UnsupportedOpError, match="earliest version we support"):
         resolve("Relu", "", 5)
+
+
+def test_every_differentiable_onnx_op_has_a_gradient():
+    """Issue #7 item 3: each registered ai.onnx (op, version) whose ONNX schema marks an input
+    Differentiable defines grad() (each family's tests check it against torch.autograd or
+    central differences)."""
+    from popart_backend.supported_ops import is_public
+
+    differentiable = onnx.defs.OpSchema.DifferentiationCategory.Differentiable
+    missing = []
+    for domain, op_type, version, cls in all_registered():
+        if domain != registry.AI_ONNX or not is_public(domain, op_type, cls):
+            continue
+        schema = onnx.defs.get_schema(op_type, version)
+        if schema.since_version != version:
+            continue  # a deprecated version with no schema of its own
+        inputs = [i.name for i in schema.inputs
+                  if i.differentiation_category == differentiable]
+        if inputs and cls.grad is Op.grad:
+            missing.append(f"{op_type}-{version} ({', '.join(inputs)})")
+    assert not missing, f"differentiable ops without a gradient: {missing}"
