@@ -59,7 +59,8 @@ class ByMode:
 BUILT = OptionStatus(BuildState.BUILT)
 
 
-def pending(issue: int, what: str) -> OptionStatus:
+def pending(issue: int | None, what: str) -> OptionStatus:
+    """Not built; ``issue`` is the open issue that will build it (None: none planned yet)."""
     return OptionStatus(BuildState.PENDING, issue, what)
 
 
@@ -74,7 +75,7 @@ _INFERENCE_ONLY_GRADS = "inference has no gradients"
 
 # Issues: #3 training/optimizer/accumulation, #5 pipelining/virtual graphs/replication/
 # recomputation/sync, #6 memory and cycle model/IO tiles/tensor locations/profiling/DOT and IR
-# dumps, #7 op coverage and strictness edge cases, #8 custom codelets.
+# dumps, #8 custom codelets; None: no issue plans it yet.
 OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "logDir": BUILT,
     "dotChecks": BUILT,
@@ -150,22 +151,24 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "optimizerStateTensorLocationSettings": BUILT,
     "accumulatorTensorLocationSettings": BUILT,
     "tensorLocationSettingsOverride": BUILT,
-    "enableNonStableSoftmax": pending(7, "non-stable softmax"),
-    "enableStableNorm": pending(7, "stable norm"),
-    "enableStochasticRounding": pending(7, "stochastic rounding"),
-    "enableFloatingPointChecks": pending(7, "floating-point exception checks"),
-    "partialsTypeMatMuls": pending(7, "matmul partials type"),
+    # transforms/numerics_options.py
+    "enableNonStableSoftmax": BUILT,
+    "enableStableNorm": no_effect(
+        "the simulated norms always take the variance about the mean (the stable form)"),
+    "enableStochasticRounding": pending(None, "stochastic rounding of float16 results"),
+    "enableFloatingPointChecks": BUILT,
+    "partialsTypeMatMuls": pending(None, "half-precision matmul partials"),
     "enableFullyConnectedPass": no_effect("only changes Poplar's matmul plan, not modelled"),
     "enableSerializedMatmuls": pending(6, "serialised matmuls in the memory model"),
-    "groupNormStridedChannelGrouping": pending(7, "strided GroupNorm channel grouping"),
-    "enableSupportedDataTypeCasting": pending(7, "strict 64-bit integer handling"),
+    "groupNormStridedChannelGrouping": BUILT,  # transforms/numerics_options.py
+    "enableSupportedDataTypeCasting": pending(None, "strict 64-bit integer handling"),
     "strictOpVersions": BUILT,
-    "opxAliasChecking": pending(7, "kernel alias checking"),
-    "opxModifyChecking": pending(7, "kernel modify checking"),
+    "opxAliasChecking": pending(None, "kernel alias checking"),
+    "opxModifyChecking": pending(None, "kernel modify checking"),
     "automaticLossScalingSettings": ByMode(
         no_effect("inference has no loss scaling"), pending(3, "automatic loss scaling")
     ),
-    "enableLoadAndOffloadRNGState": pending(7, "RNG state load/offload"),
+    "enableLoadAndOffloadRNGState": pending(None, "RNG state load/offload"),
     "customCodelets": pending(8, "custom codelets"),
     "customCodeletCompileFlags": pending(8, "custom codelets"),
     "compileEngine": BUILT,
@@ -312,7 +315,9 @@ def check_buildable(options: SessionOptions, training: bool) -> None:
             part = next((p for p in _PENDING_PARTS if f".{p}" in diff.split(" = ")[0]), None)
             state = _PENDING_PARTS[part] if part is not None else status
             if state.state is BuildState.PENDING:
-                offending.append(f"  - {diff}: {state.note}, to be built by issue #{state.issue}")
+                plan = (f"to be built by issue #{state.issue}" if state.issue is not None
+                        else "not built yet")
+                offending.append(f"  - {diff}: {state.note}, {plan}")
             elif state.state is BuildState.NO_EFFECT:
                 _log.warning(
                     "SessionOptions.%s has no effect in the simulator: %s.", diff, state.note

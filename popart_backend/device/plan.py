@@ -115,7 +115,10 @@ class ExecutionPlan:
         self.fragments: dict[ExecutionContext, list[tuple]] = {c: [] for c in ExecutionContext}
         for position, (op, ins, outs) in enumerate(raw_steps):
             single = len(outs) == 1
-            step = (wrap_unsigned_outputs(op, kernel_for(op)), ins,
+            kernel = wrap_unsigned_outputs(op, kernel_for(op))
+            if getattr(op, "check_floating_point", False):
+                kernel = floating_point_checked(op, kernel)
+            step = (kernel, ins,
                     outs[0] if single else outs, single,
                     tuple(frees.get(position, ())), op)
             self.steps.append(step)
@@ -244,3 +247,35 @@ class ExecutionPlan:
             raise popart_runtime_error(
                 f"{op.debug_name}: kernel failed on inputs {shapes}: {type(exc).__name__}: {exc}"
             ) from exc
+
+
+def floating_point_checked(op: Op, kernel):
+    """``kernel`` followed by the IPU's floating-point exception check (SessionOptions.
+    enableFloatingPointChecks): a NaN or inf output computed from finite float inputs stops
+    the run with popart_runtime_error naming the op."""
+    float_outputs = [i for i, t in enumerate(op.outputs)
+                     if t is not None and t.info.dtype.is_float]
+    if not float_outputs:
+        return kernel
+    float_inputs = [i for i, t in enumerate(op.inputs) if t is not None and t.info.dtype.is_float]
+    single = len(op.outputs) == 1
+
+    def run(*xs):
+        result = kernel(*xs)
+        outs = (result,) if single else result
+        for i in float_outputs:
+            value = outs[i]
+            if value is None or bool(torch.isfinite(value).all()):
+                continue
+            if all(xs[j] is None or bool(torch.isfinite(xs[j]).all()) for j in float_inputs):
+                nans = int(torch.isnan(value).sum())
+                infs = int(torch.isinf(value).sum())
+                raise popart_runtime_error(
+                    f"{op.debug_name}: floating-point exception: output '{op.outputs[i].id}' "
+                    f"{op.outputs[i].info} holds {nans} NaN and {infs} inf value(s) computed from "
+                    f"finite inputs (SessionOptions.enableFloatingPointChecks). Check the op's "
+                    f"inputs for overflow, division by zero or an invalid operation."
+                )
+        return result
+
+    return run

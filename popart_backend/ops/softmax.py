@@ -109,6 +109,9 @@ def _axis_grad(op: _AxisNormalizer, g, grad_type: str) -> None:
 @register_op("Softmax", versions=(1, 11, 13))
 class Softmax(_AxisNormalizer):
     def compute(self, x, dim):
+        if getattr(self, "non_stable", False):  # SessionOptions.enableNonStableSoftmax
+            e = torch.exp(x)
+            return e / e.sum(dim, keepdim=True)
         return torch.softmax(x, dim)
 
     def grad(self, g):
@@ -126,6 +129,8 @@ class SoftmaxGrad(_AxisNormalizerGrad):
 @register_op("LogSoftmax", versions=(1, 11, 13))
 class LogSoftmax(_AxisNormalizer):
     def compute(self, x, dim):
+        if getattr(self, "non_stable", False):  # SessionOptions.enableNonStableSoftmax
+            return x - torch.log(torch.exp(x).sum(dim, keepdim=True))
         return torch.log_softmax(x, dim)
 
     def grad(self, g):

@@ -100,7 +100,9 @@ class FuseAttention:
         if self.training:
             self._needs_grad = variable_dependent(graph)
         for op in list(graph.ops.values()):
-            if op.id in graph.ops and op.op_type == "Softmax" and op.domain == "ai.onnx":
+            # A non-stable softmax (enableNonStableSoftmax) keeps its own kernel.
+            if (op.id in graph.ops and op.op_type == "Softmax" and op.domain == "ai.onnx"
+                    and not getattr(op, "non_stable", False)):
                 changed |= self._fuse(graph, op)
         return changed
 

@@ -30,6 +30,7 @@ from .fuse_layer_norm import FuseLayerNorm
 from .fuse_matmul_add import FuseMatMulAdd
 from .grad_accumulation import AccumulateGradients, ResetAccumulators, reduction_factors
 from .inplace import InplaceVariants
+from .numerics_options import FloatingPointChecks, NonStableSoftmax, StridedGroupNorm
 from .ipu_copy import InsertIpuCopies
 from .pipelining import AssignPipelineStages, InsertPipelineStashes
 from .random_seed import WireRandomSeed
@@ -50,6 +51,7 @@ def inference_passes(options=None, ipus_per_replica: int = 1,
     and pipelining."""
     passes = [
         FoldConstants(),
+        *numerics_passes(options),
         # Compile-time fusions (DESIGN decision 9); BN folding must precede Conv+Relu.
         FoldBatchNormIntoConv(),
         FuseConvActivation(),
@@ -63,6 +65,7 @@ def inference_passes(options=None, ipus_per_replica: int = 1,
     ]
     if options is None:
         return passes
+    checks = [FloatingPointChecks()] if options.enableFloatingPointChecks else []
     # Weights (when not constants) asking for replicated tensor sharding (spec §10.3).
     local_replicas = options.replicatedGraphCount if options.enableReplicatedGraphs else 1
     passes.insert(len(passes) - 1,
@@ -70,7 +73,17 @@ def inference_passes(options=None, ipus_per_replica: int = 1,
     placement = Placement(options.virtualGraphMode, ipus_per_replica, options.enablePipelining)
     # Placement follows the fusions, which keep the settings of the ops they replace.
     return [*passes, AssignVirtualGraphs(placement)] + multi_ipu_passes(
-        options, placement, None, batches_per_step, "batchesPerStep")
+        options, placement, None, batches_per_step, "batchesPerStep") + checks
+
+
+def numerics_passes(options) -> list:
+    """Passes of options that change how ops compute, run before the fusions."""
+    if options is None:
+        return []
+    passes = [NonStableSoftmax()] if options.enableNonStableSoftmax else []
+    if options.groupNormStridedChannelGrouping:
+        passes.append(StridedGroupNorm())
+    return passes
 
 
 def multi_ipu_passes(options, placement: Placement, loss_id: str | None, depth: int,
@@ -105,7 +118,7 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     # Fusions whose fused op has a gradient, before placement (they keep the settings of the
     # ops they replace) and autodiff. Virtual graphs before autodiff: every gradient op
     # inherits its forward op's IPU.
-    passes: list = [FoldConstants(), TrainingSemantics(),
+    passes: list = [FoldConstants(), *numerics_passes(options), TrainingSemantics(),
                     FuseMatMulAdd(training=True), FuseGelu(training=True),
                     FuseLayerNorm(training=True), FuseAttention(training=True),
                     AssignVirtualGraphs(placement), autodiff]
@@ -141,7 +154,8 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
         depth, depth_name = accumulation_factor, "gradient accumulation factor"
     else:
         depth, depth_name = batches_per_step, "batchesPerStep"
-    return passes + multi_ipu_passes(options, placement, loss_id, depth, depth_name)
+    checks = [FloatingPointChecks()] if options.enableFloatingPointChecks else []
+    return passes + multi_ipu_passes(options, placement, loss_id, depth, depth_name) + checks
 
 
 def trained_weights(autodiff: Autodiff) -> dict[str, str]:

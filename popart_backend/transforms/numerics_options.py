@@ -1,0 +1,114 @@
+"""Passes for the SessionOptions that change how ops compute rather than what they mean.
+
+- ``enableNonStableSoftmax``: ``NonStableSoftmax`` marks every ai.onnx Softmax / LogSoftmax
+  (before the fusions, which leave marked ones alone), and their kernels skip subtracting the
+  maximum: exp(x) / sum(exp(x)). Results are equal up to rounding until exp overflows (inputs
+  above ~88 in float32), where the IPU's faster form gives inf / NaN, and so does ours.
+- ``groupNormStridedChannelGrouping``: ``StridedGroupNorm`` makes group g of an ai.graphcore
+  GroupNormalization hold channels g, g + G, g + 2G ... (G = num_groups) instead of a contiguous
+  block: it gathers the channels (and the per-channel scale and bias) into contiguous-group
+  order before the op and back after it, so the op's kernel and gradient stay as they are and
+  training differentiates the Gathers. The Mean / InvStdDev outputs keep their group order.
+- ``enableFloatingPointChecks``: ``FloatingPointChecks`` (last in the pass list, so it sees every
+  op the other passes added) marks every op; the execution plan then checks each float output
+  of a marked op and raises ``popart_runtime_error`` at the first NaN or inf computed from
+  finite inputs, as the IPU's floating-point exceptions stop the program there. Values that
+  were already non-finite on the way in propagate without a new exception.
+
+Before:  y = Softmax(x)   After: y = Softmax(x) with op.non_stable = True (kernel exp / sum)
+Before:  y, m, s = GroupNorm(x, w, b)
+After:   y', m, s = GroupNorm(Gather(x, p, 1), Gather(w, p), Gather(b, p)); y = Gather(y', p⁻¹, 1)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.graph import Graph
+from ..ir.ir import Ir
+from ..ir.op import Op
+from ..ir.tensor import Tensor
+from ..ops.registry import AI_GRAPHCORE, AI_ONNX, create_op
+
+_SOFTMAX_TYPES = ("Softmax", "LogSoftmax")
+
+
+class NonStableSoftmax:
+    """Pass: mark the softmaxes to compute without subtracting the maximum."""
+
+    name = "non_stable_softmax"
+
+    def run(self, ir: Ir) -> bool:
+        changed = False
+        for graph in ir.graphs.values():
+            for op in graph.ops.values():
+                if op.domain == AI_ONNX and op.op_type in _SOFTMAX_TYPES:
+                    op.non_stable = True
+                    changed = True
+        return changed
+
+
+class StridedGroupNorm:
+    """Pass: strided channel groups for the ai.graphcore GroupNormalization ops."""
+
+    name = "strided_group_norm"
+
+    def run(self, ir: Ir) -> bool:
+        changed = False
+        for graph in ir.graphs.values():
+            for op in list(graph.ops.values()):
+                if op.domain == AI_GRAPHCORE and op.op_type == "GroupNormalization":
+                    changed |= _stride_groups(graph, op)
+        return changed
+
+
+def _stride_groups(graph: Graph, op: Op) -> bool:
+    x = op.inputs[0]
+    channels, groups = x.info.shape[1], op.attrs.num_groups
+    if groups in (1, channels):
+        return False  # one group, or one channel per group: both orders agree
+    # Position i of the gathered tensor holds channel order[i]: group g's channels first.
+    order = np.array([g + groups * j for g in range(groups) for j in range(channels // groups)],
+                     np.int64)
+    base = op.settings.name or f"{x.id}/group_norm"
+    perm = graph.add_const(graph.unique_id(f"{base}/strided_channels"), order).id
+    inverse = graph.add_const(graph.unique_id(f"{base}/strided_channels_inverse"),
+                              np.argsort(order)).id
+    for index, axis in ((0, 1), (1, 0), (2, 0)):
+        source = op.inputs[index]
+        gather = create_op("Gather", {"axis": axis}, op.settings, where=op.debug_name)
+        out = graph.unique_id(f"{source.id}/strided_channels")
+        graph.add_op(gather, [source.id, perm], [out])
+        graph.replace_input(op, index, out)
+    _insert_after(graph, op.outputs[0],
+                  create_op("Gather", {"axis": 1}, op.settings, where=op.debug_name), inverse)
+    return True
+
+
+def _insert_after(graph: Graph, tensor: Tensor, op: Op, *extra_inputs: str) -> None:
+    """Add ``op`` reading ``tensor`` (then ``extra_inputs``); its output takes over the
+    tensor's id, consumers and graph-output place, so anchors still name the final value."""
+    original = tensor.id
+    temp = graph.unique_id(f"{original}/before_{op.op_type}")
+    graph.add_op(op, [original, *extra_inputs], [temp])
+    result = graph.tensors[temp]
+    for consumer in list(tensor.consumers):
+        if consumer is not op:
+            for index, t in enumerate(consumer.inputs):
+                if t is tensor:
+                    graph.replace_input(consumer, index, temp)
+    del graph.tensors[original], graph.tensors[temp]
+    tensor.id, result.id = temp, original
+    graph.tensors[temp], graph.tensors[original] = tensor, result
+
+
+class FloatingPointChecks:
+    """Pass: mark every op for the execution plan's floating-point exception check."""
+
+    name = "floating_point_checks"
+
+    def run(self, ir: Ir) -> bool:
+        for graph in ir.graphs.values():
+            for op in graph.ops.values():
+                op.check_floating_point = True
+        return bool(ir.graphs)
