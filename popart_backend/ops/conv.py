@@ -144,7 +144,7 @@ def resolve_window(
 
 
 @dataclass(frozen=True)
-class _ConvAttrs:
+class ConvAttrs:
     """The attributes of Conv, which ConvTranspose extends."""
 
     auto_pad: str = "NOTSET"
@@ -254,7 +254,7 @@ class Conv(_Convolution):
 
     weight_layout = "[M, C/group, k1..kn]"
     grad_type = "ConvGrad"
-    Attrs = _ConvAttrs
+    Attrs = ConvAttrs
 
     def infer(self, x, w, b=None):
         at = self.attrs
@@ -332,7 +332,7 @@ class ConvTranspose(_Convolution):
     grad_type = "ConvTransposeGrad"
 
     @dataclass(frozen=True)
-    class Attrs(_ConvAttrs):
+    class Attrs(ConvAttrs):
         output_padding: tuple[int, ...] = ()
         output_shape: tuple[int, ...] = ()
 

@@ -35,7 +35,7 @@ from ..errors import ModelError, ShapeError, UnsupportedOpError, popart_exceptio
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
 from .base import check_dtypes, normalize_axis
-from .conv import CONV_FNS, resolve_window
+from .conv import CONV_FNS, ConvAttrs, resolve_window
 from .matmul import matmul_shape
 from .registry import register_op
 
@@ -400,23 +400,13 @@ class QLinearMatMul(_QuantizedMatMul):
         return _requantize(acc, a_s * b_s / y_scale.float(), y_zp, self._bounds, self._out)
 
 
-@dataclass(frozen=True)
-class _ConvAttrs:
-    auto_pad: str = "NOTSET"
-    dilations: tuple[int, ...] = ()
-    group: int = 1
-    kernel_shape: tuple[int, ...] = ()
-    pads: tuple[int, ...] = ()
-    strides: tuple[int, ...] = ()
-
-
 class _QuantizedConv(Op):
     """Shared by ConvInteger and QLinearConv: the exact convolution of zero-point-shifted
     operands (float64; padding after the shift, so it contributes zero, as ONNX pads with the
     zero point). The weights' zero point may be per output channel."""
 
     uses_amp = True
-    Attrs = _ConvAttrs
+    Attrs = ConvAttrs
 
     def setup_conv(self, x, w, x_zp, w_zp) -> tuple[int, ...]:
         at = self.attrs

@@ -430,14 +430,7 @@ class SpaceToDepth(_Rearrange):
     """[N, C, H, W] -> [N, C·b², H/b, W/b], the inverse of DepthToSpace in the same mode
     (``mode`` DCR or CRD from version 28; DCR before)."""
 
-    @dataclass(frozen=True)
-    class Attrs:
-        blocksize: int
-        mode: str = "DCR"
-
-    @dataclass(frozen=True)
-    class Attrs1:
-        blocksize: int
+    Attrs, Attrs1 = DepthToSpace.Attrs, DepthToSpace.Attrs1
 
     @classmethod
     def attrs_type(cls, version):
