@@ -155,20 +155,22 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "enableNonStableSoftmax": BUILT,
     "enableStableNorm": no_effect(
         "the simulated norms always take the variance about the mean (the stable form)"),
+    # Needs each float16 kernel's unrounded float32 result and a seeded draw per element.
     "enableStochasticRounding": pending(None, "stochastic rounding of float16 results"),
     "enableFloatingPointChecks": BUILT,
-    "partialsTypeMatMuls": pending(None, "half-precision matmul partials"),
+    "partialsTypeMatMuls": BUILT,  # float16 products only (transforms/numerics_options.py)
     "enableFullyConnectedPass": no_effect("only changes Poplar's matmul plan, not modelled"),
     "enableSerializedMatmuls": pending(6, "serialised matmuls in the memory model"),
     "groupNormStridedChannelGrouping": BUILT,  # transforms/numerics_options.py
     "enableSupportedDataTypeCasting": pending(None, "strict 64-bit integer handling"),
     "strictOpVersions": BUILT,
-    "opxAliasChecking": pending(None, "kernel alias checking"),
-    "opxModifyChecking": pending(None, "kernel modify checking"),
+    "opxAliasChecking": BUILT,  # transforms/numerics_options.py KernelChecks
+    "opxModifyChecking": BUILT,
     "automaticLossScalingSettings": ByMode(
         no_effect("inference has no loss scaling"), pending(3, "automatic loss scaling")
     ),
-    "enableLoadAndOffloadRNGState": pending(None, "RNG state load/offload"),
+    # Session.getRNGState / setRNGState (device/simulator.py rng_state).
+    "enableLoadAndOffloadRNGState": BUILT,
     "customCodelets": pending(8, "custom codelets"),
     "customCodeletCompileFlags": pending(8, "custom codelets"),
     "compileEngine": BUILT,

@@ -346,6 +346,33 @@ class SessionBase:
         if self._device is not None:
             self._device.set_seed(self._random_seed)
 
+    def getRNGState(self) -> list[int]:  # noqa: N802
+        """The device's RNG state: [seed, micro-batch counter] per local replica, concatenated
+        (device/simulator.py ``rng_state``). Needs ``enableLoadAndOffloadRNGState``."""
+        self._check_rng_option("getRNGState()")
+        return self._ready_device("getRNGState()").rng_state()
+
+    def setRNGState(self, rngValue) -> None:  # noqa: N802,N803 - PopART's names
+        """Restore a state of ``getRNGState()``: the following runs draw exactly what they
+        drew after it was taken. Needs ``enableLoadAndOffloadRNGState``."""
+        self._check_rng_option("setRNGState()")
+        try:
+            state = [int(v) for v in rngValue]
+        except (TypeError, ValueError) as exc:
+            raise popart_exception(
+                f"setRNGState: the state must be a list of ints as getRNGState() returns, got "
+                f"{rngValue!r} ({exc})."
+            ) from exc
+        self._ready_device("setRNGState()").set_rng_state(state)
+
+    def _check_rng_option(self, what: str) -> None:
+        if not self._options.enableLoadAndOffloadRNGState:
+            raise popart_exception(
+                f"{what}: the RNG state can only be read or written when "
+                f"SessionOptions.enableLoadAndOffloadRNGState is True; set it before creating "
+                f"the session."
+            )
+
     def getSummaryReport(self, resetProfile: bool = True) -> str:  # noqa: N802,N803
         """Text summary (F54): memory and cycles of the simulated IPU when profiling is on
         (``engineOptions["autoReport.all"] = "true"``) and the device is prepared."""

@@ -1,9 +1,9 @@
 """What the backend can run: ``getSupportedOperations``, ``getSupportedOperationsDefinition``,
 ``getUnsupportedOperations``, ``OperatorIdentifier`` and ``OpDefinition`` (spec §6, F81, F87, F88).
 
-Everything here is read from the op registry (plus the ONNX sequence ops the importer resolves
-statically) and from ``onnx.defs``: nothing is listed by hand, so the answers cannot drift from
-what the importer accepts.
+Everything here is read from the op registry (plus the ops the importer resolves itself,
+``_IMPORT_TIME_OPS``) and from ``onnx.defs``: nothing else is listed by hand, so the answers
+cannot drift from what the importer accepts.
 
 Public and internal ops. ``getSupportedOperations(False)`` lists only the ops a model or a
 Builder may name. Internal ops are the ones passes create: gradient ops, the fused kernels of
@@ -36,6 +36,7 @@ import onnx.defs
 
 from .dtypes import DataType
 from .errors import popart_exception
+from .onnx_gradient import PREVIEW_TRAINING
 from .ops import registry
 from .ops.registry import AI_GRAPHCORE, AI_ONNX
 
@@ -51,22 +52,25 @@ FUSED_DOMAIN = "popart.fused"
 # Modules whose ai.graphcore ops only the optimizer / accumulation passes create (rule 4).
 _INTERNAL_MODULES = ("popart_backend.ops.optimizer_updates", "popart_backend.ops.accumulate")
 
-# ONNX sequence ops: resolved at import into tensor ops (onnx_sequences.py), not registered.
-# Value: the input positions that must be compile-time constants.
-_STATIC_SEQUENCE_OPS = {
-    "ConcatFromSequence": (),
-    "SequenceAt": (1,),
-    "SequenceConstruct": (),
-    "SequenceEmpty": (),
-    "SequenceErase": (1,),
-    "SequenceInsert": (2,),
-    "SequenceLength": (),
-    "SplitToSequence": (1,),
-    # Optionals and SequenceMap: also resolved at import (onnx_sequences.py).
-    "Optional": (),
-    "OptionalGetElement": (),
-    "OptionalHasElement": (),
-    "SequenceMap": (),
+# Ops the importer resolves itself instead of creating a registered op class: the sequence and
+# optional ops become tensor ops (onnx_sequences.py) and ai.onnx.preview.training Gradient a
+# Call of the backward autodiff grows (onnx_gradient.py). Key: (domain, type); value: the input
+# positions that must be compile-time constants. Their versions, inputs, outputs and attributes
+# are those of their ONNX schemas.
+_IMPORT_TIME_OPS: dict[tuple[str, str], tuple[int, ...]] = {
+    (AI_ONNX, "ConcatFromSequence"): (),
+    (AI_ONNX, "SequenceAt"): (1,),
+    (AI_ONNX, "SequenceConstruct"): (),
+    (AI_ONNX, "SequenceEmpty"): (),
+    (AI_ONNX, "SequenceErase"): (1,),
+    (AI_ONNX, "SequenceInsert"): (2,),
+    (AI_ONNX, "SequenceLength"): (),
+    (AI_ONNX, "SplitToSequence"): (1,),
+    (AI_ONNX, "Optional"): (),
+    (AI_ONNX, "OptionalGetElement"): (),
+    (AI_ONNX, "OptionalHasElement"): (),
+    (AI_ONNX, "SequenceMap"): (),
+    (PREVIEW_TRAINING, "Gradient"): (),
 }
 
 
@@ -179,14 +183,14 @@ def is_public(domain: str, op_type: str, cls) -> bool:
 
 
 def _entries(include_internal: bool):
-    """(domain, type, version, op class or None for import-time sequence ops), sorted."""
+    """(domain, type, version, op class or None for an import-time op), sorted."""
     rows = [
         (domain, op_type, version, cls)
         for domain, op_type, version, cls in registry.all_registered()
         if include_internal or is_public(domain, op_type, cls)
     ]
-    for op_type in _STATIC_SEQUENCE_OPS:
-        rows.extend((AI_ONNX, op_type, v, None) for v in _onnx_versions(op_type))
+    for domain, op_type in _IMPORT_TIME_OPS:
+        rows.extend((domain, op_type, v, None) for v in _onnx_versions(domain, op_type))
     return sorted(rows, key=lambda row: row[:3])
 
 
@@ -217,7 +221,9 @@ def getUnsupportedOperations(opsetVersion: int) -> list[str]:  # noqa: N802,N803
         )
     supported = {(t, v) for d, t, v, _ in _entries(True) if d == AI_ONNX}
     missing = []
-    for op_type, versions in _onnx_schemas().items():
+    for (domain, op_type), versions in _onnx_schemas().items():
+        if domain != AI_ONNX:
+            continue
         usable = [v for v in versions if v <= opsetVersion]
         if not usable:
             continue
@@ -253,23 +259,22 @@ _ANY = r"(?s).*"  # tensors, graphs and values whose ONNX type is unknown
 
 
 @lru_cache(maxsize=None)
-def _onnx_schemas() -> dict[str, dict[int, onnx.defs.OpSchema]]:
-    """ai.onnx schemas by type and since-version."""
-    table: dict[str, dict[int, onnx.defs.OpSchema]] = {}
+def _onnx_schemas() -> dict[tuple[str, str], dict[int, onnx.defs.OpSchema]]:
+    """ONNX schemas of every domain ONNX defines, by (domain, type) and since-version."""
+    table: dict[tuple[str, str], dict[int, onnx.defs.OpSchema]] = {}
     for schema in onnx.defs.get_all_schemas_with_history():
-        if schema.domain in ("", AI_ONNX):
-            table.setdefault(schema.name, {})[schema.since_version] = schema
+        key = (registry.normalize_domain(schema.domain), schema.name)
+        table.setdefault(key, {})[schema.since_version] = schema
     return table
 
 
-def _onnx_versions(op_type: str) -> list[int]:
-    return sorted(_onnx_schemas().get(op_type, {}))
+def _onnx_versions(domain: str, op_type: str) -> list[int]:
+    return sorted(_onnx_schemas().get((domain, op_type), {}))
 
 
 def _schema(domain: str, op_type: str, version: int) -> onnx.defs.OpSchema | None:
-    if domain != AI_ONNX:
-        return None
-    return _onnx_schemas().get(op_type, {}).get(version)
+    """The ONNX schema of exactly this version; None for ops ONNX does not define."""
+    return _onnx_schemas().get((domain, op_type), {}).get(version)
 
 
 def _tensor_types(schema: onnx.defs.OpSchema, slot) -> tuple[DataType, ...]:
@@ -283,7 +288,7 @@ def _definition(domain: str, op_type: str, version: int, cls) -> OpDefinition:
     if getattr(cls, "definition", None) is not None:
         return cls.definition  # a custom op registered with its own OpDefinition (F88)
     schema = _schema(domain, op_type, version)
-    const = _STATIC_SEQUENCE_OPS[op_type] if cls is None else tuple(cls.const_inputs)
+    const = _IMPORT_TIME_OPS[(domain, op_type)] if cls is None else tuple(cls.const_inputs)
     if schema is not None:
         inputs = [
             OpDefinition.Input(slot.name, _tensor_types(schema, slot), index in const)
@@ -291,7 +296,7 @@ def _definition(domain: str, op_type: str, version: int, cls) -> OpDefinition:
         ]
         outputs = [OpDefinition.Output(s.name, _tensor_types(schema, s)) for s in schema.outputs]
     else:
-        # Ops outside ai.onnx have no ONNX schema; the constant positions are still known.
+        # Ops ONNX does not define (ai.graphcore ...): the constant positions are still known.
         inputs = [OpDefinition.Input(f"input{i}", (), True) for i in sorted(const)]
         outputs = []
     return OpDefinition(inputs, outputs, _attribute_regexes(schema, cls, version))
@@ -416,13 +421,11 @@ def render_markdown() -> str:
 
 def _dtype_gaps() -> list[str]:
     """The "Data types not modelled" section: the limits the op classes declare."""
-    from .ops.string_tensors import ELEMENT_MOVERS
-
     public = {(d, t) for d, t, _, _ in _entries(False)}
     uint64 = sorted({t for d, t, _, cls in registry.all_registered()
                      if (d, t) in public and getattr(cls, "uint64", None) is not None})
-    strings = sorted(ELEMENT_MOVERS | {t for d, t, _, cls in registry.all_registered()
-                                       if (d, t) in public and getattr(cls, "takes_strings", False)})
+    strings = sorted({t for d, t, _, cls in registry.all_registered()
+                      if (d, t) in public and (cls.takes_strings or cls.strings_as_codes)})
     return [
         "## Data types not modelled",
         "",

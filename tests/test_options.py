@@ -413,7 +413,7 @@ def test_defaults_are_buildable(training):
 
 def test_check_buildable_lists_every_offending_field_at_once():
     opts = popart.SessionOptions()
-    opts.partialsTypeMatMuls = "half"
+    opts.enableSupportedDataTypeCasting = False
     opts.gclOptions = {"useSynclessCollectives": "true"}
     opts.groupHostSync = True
     opts.customCodelets = ["my.cpp"]
@@ -427,7 +427,7 @@ def test_check_buildable_lists_every_offending_field_at_once():
     assert "5 SessionOptions value(s)" in text
     assert ("gclOptions = {'useSynclessCollectives': 'true'} (default {}): collective (GCL) "
             "options, to be built by issue #5") in text
-    assert "partialsTypeMatMuls = 'half' (default '')" in text
+    assert "enableSupportedDataTypeCasting = False (default True)" in text
     assert ("groupHostSync = True (default False): grouped host syncs in the cycle model, to be "
             "built by issue #6") in text
     assert "customCodelets = ['my.cpp'] (default []): custom codelets, to be built by issue #8" in (

@@ -45,8 +45,8 @@ def test_supported_operations_match_the_registry():
     registered = {(d, t, v) for d, t, v, _ in all_registered()}
     listed = {(o.domain, o.type, o.version) for o in everything}
     assert registered <= listed
-    # The rest are the ONNX sequence ops the importer resolves statically.
-    assert {t for _, t, _ in listed - registered} <= set(supported_ops._STATIC_SEQUENCE_OPS)
+    # The rest are the ops the importer resolves itself (sequences, optionals, Gradient).
+    assert {(d, t) for d, t, _ in listed - registered} <= set(supported_ops._IMPORT_TIME_OPS)
     assert everything == sorted(everything)
     public = popart.getSupportedOperations(False)
     assert set(public) < set(everything)
@@ -124,6 +124,42 @@ def test_definition_inputs_outputs_attributes():
     # ai.graphcore ops have no ONNX schema: attributes still come from the op's Attrs.
     nll = defs[popart.OperatorIdentifier("ai.graphcore", "Nll", 1)]
     assert "reduction" in nll.attributes
+
+
+def test_import_time_ops_of_every_domain_are_listed():
+    """F81, F88: ops the importer builds itself are listed at the versions ONNX defines, with
+    OpDefinitions from their schemas: the sequence ops (ai.onnx) and Gradient-1
+    (ai.onnx.preview.training, onnx_gradient.py)."""
+    gradient = popart.OperatorIdentifier("ai.onnx.preview.training", "Gradient", 1)
+    public = popart.getSupportedOperations(False)
+    assert gradient in public
+    assert [o for o in public if o.type == "Gradient"] == [gradient]
+    assert popart.OperatorIdentifier("ai.onnx", "SequenceAt", 11) in public
+
+    schema = onnx.defs.get_schema("Gradient", 1, "ai.onnx.preview.training")
+    definition = popart.getSupportedOperationsDefinition(False)[gradient]
+    assert [(i.name, i.constant) for i in definition.inputs] == [
+        (slot.name, False) for slot in schema.inputs]
+    assert [o.name for o in definition.outputs] == [slot.name for slot in schema.outputs]
+    assert set(definition.attributes) == {"xs", "zs", "y"} == set(schema.attributes)
+    # Gradients are floating point (the schema's T2); the inputs may be any tensor (T1).
+    assert set(definition.outputs[0].supportedTensors) == {
+        popart.DataType.FLOAT, popart.DataType.FLOAT16, popart.DataType.DOUBLE}
+    assert popart.DataType.INT64 in definition.inputs[0].supportedTensors
+    assert re.fullmatch(definition.attributes["xs"].supportedValuesRegex, str(("a", "b")))
+    assert re.fullmatch(definition.attributes["y"].supportedValuesRegex, "c")
+
+    sequence_at = popart.getSupportedOperationsDefinition(False)[
+        popart.OperatorIdentifier("ai.onnx", "SequenceAt", 11)]
+    assert [(i.name, i.constant) for i in sequence_at.inputs] == [
+        ("input_sequence", False), ("position", True)]
+
+
+def test_gradient_is_on_the_docs_page():
+    """docs/supported_ops.md lists Gradient under its domain (rendered from the same list)."""
+    text = supported_ops.render_markdown()
+    section = text.split("## Domain `ai.onnx.preview.training`", 1)[1].split("## ", 1)[0]
+    assert re.search(r"^\| Gradient \| 1 \|", section, re.MULTILINE)
 
 
 @pytest.mark.parametrize("value, attr_type, matches", [

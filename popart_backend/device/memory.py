@@ -596,9 +596,9 @@ def check_fits(result: MemoryResult, summary_report: str = "") -> None:
             f"(SessionOptions.numIOTiles), or fewer buffers per stream "
             f"(ExchangeStrategy.JustInTime keeps 1, OverlapInnerLoop 2, OverlapLoops 3);")
     lines += [
-        f"  - more IPUs: split the model with builder.virtualGraph(...) and "
-        f"SessionOptions.virtualGraphMode = VirtualGraphMode.Manual, with enablePipelining = "
-        f"True, on a device with more IPUs"
+        "  - more IPUs: split the model with builder.virtualGraph(...) and "
+        "SessionOptions.virtualGraphMode = VirtualGraphMode.Manual, with enablePipelining = "
+        "True, on a device with more IPUs"
         + (f"; or at least {needed} tiles per IPU (this estimate), e.g. "
            f"createIpuModelDevice({{'tilesPerIPU': {needed}}})"
            if 0 < needed <= spec.full_chip_tiles and needed > m.num_tiles else "")

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..dtypes import to_storage
-from ..errors import popart_runtime_error
+from ..errors import popart_internal_exception, popart_runtime_error
 from ..ir.graph import Graph
 from ..ir.op import ExecutionContext, Op
 from ..ir.tensor import TensorKind
@@ -118,6 +118,10 @@ class ExecutionPlan:
             kernel = wrap_unsigned_outputs(op, kernel_for(op))
             if getattr(op, "check_floating_point", False):
                 kernel = floating_point_checked(op, kernel)
+            if getattr(op, "check_alias", False):
+                kernel = alias_checked(op, kernel)
+            if getattr(op, "check_modify", False):
+                kernel = modify_checked(op, kernel)
             step = (kernel, ins,
                     outs[0] if single else outs, single,
                     tuple(frees.get(position, ())), op)
@@ -237,7 +241,7 @@ class ExecutionPlan:
                             v[s] = r
                 for s in frees:
                     v[s] = None
-        except popart_runtime_error:
+        except (popart_runtime_error, KernelCheckError):
             raise
         except Exception as exc:
             op = steps[index][5]
@@ -275,6 +279,88 @@ def floating_point_checked(op: Op, kernel):
                     f"{op.outputs[i].info} holds {nans} NaN and {infs} inf value(s) computed from "
                     f"finite inputs (SessionOptions.enableFloatingPointChecks). Check the op's "
                     f"inputs for overflow, division by zero or an invalid operation."
+                )
+        return result
+
+    return run
+
+
+class KernelCheckError(popart_internal_exception):
+    """A kernel broke its op's declaration (SessionOptions.opxModifyChecking /
+    opxAliasChecking): the op's code is wrong, not the model."""
+
+
+def _unchanged(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """Same shape, dtype and values, NaN equal to NaN (a kernel that leaves an input alone
+    leaves its bits alone, so value equality with NaN == NaN is exact enough)."""
+    if before.shape != after.shape or before.dtype != after.dtype:
+        return False
+    if torch.equal(before, after):
+        return True
+    if not (before.is_floating_point() or before.is_complex()):
+        return False
+    both_nan = torch.isnan(before) & torch.isnan(after)
+    return bool(((before == after) | both_nan).all())
+
+
+def modify_checked(op: Op, kernel):
+    """``kernel`` checked not to change an input the op does not list in ``modifies_inputs``
+    (SessionOptions.opxModifyChecking): each such input is cloned before the kernel runs and
+    compared after; a change raises KernelCheckError naming the op and the input."""
+    declared = set(op.modifies_inputs)
+
+    def run(*xs):
+        saved = [(i, x.clone()) for i, x in enumerate(xs)
+                 if i not in declared and isinstance(x, torch.Tensor)]
+        result = kernel(*xs)
+        for i, before in saved:
+            if not _unchanged(before, xs[i]):
+                tensor = op.inputs[i]
+                raise KernelCheckError(
+                    f"{op.debug_name}: the kernel modified input {i} '{tensor.id}' {tensor.info}, "
+                    f"which the op does not declare modified (modifies_inputs = "
+                    f"{tuple(op.modifies_inputs)}) (SessionOptions.opxModifyChecking). Make the "
+                    f"kernel write a new tensor, or list the input in modifies_inputs."
+                )
+        return result
+
+    return run
+
+
+def _storage(x) -> int:
+    """The address of the storage behind ``x`` (0 for empty tensors and non-tensors)."""
+    if not isinstance(x, torch.Tensor) or x.numel() == 0:
+        return 0
+    return x.untyped_storage().data_ptr()
+
+
+def alias_checked(op: Op, kernel):
+    """``kernel`` checked not to return an input's storage (or a view of it) unless the op
+    declares it (SessionOptions.opxAliasChecking): ``Op.aliases_inputs`` for ops whose kernel
+    may return a view of an input, and the inputs it lists in ``modifies_inputs``, which it
+    writes and returns. Anything else raises KernelCheckError naming the output and input."""
+    if op.aliases_inputs:
+        return kernel
+    declared = set(op.modifies_inputs)
+    single = len(op.outputs) == 1
+
+    def run(*xs):
+        result = kernel(*xs)
+        written = {_storage(xs[i]) for i in declared if i < len(xs)}
+        storages = {}
+        for i, x in enumerate(xs):
+            address = _storage(x)
+            if address and address not in written:
+                storages.setdefault(address, i)
+        for k, out in enumerate((result,) if single else result):
+            i = storages.get(_storage(out))
+            if i is not None:
+                tensor, output = op.inputs[i], op.outputs[k]
+                raise KernelCheckError(
+                    f"{op.debug_name}: output {k} '{output.id}' {output.info} shares storage with "
+                    f"input {i} '{tensor.id}' {tensor.info}, but the op does not declare that "
+                    f"its outputs alias its inputs (SessionOptions.opxAliasChecking). Return a "
+                    f"new tensor (e.g. .clone()), or set aliases_inputs = True on the op."
                 )
         return result
 

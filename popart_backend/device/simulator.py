@@ -35,7 +35,7 @@ import torch
 from ..dataflow import AnchorReturnTypeId, PyStepIO, PyStepIOCallback, anchor_fetch_index
 from .. import progress
 from ..dtypes import DataType, to_host, to_storage
-from ..errors import StepIOError, popart_internal_exception
+from ..errors import StepIOError, popart_exception, popart_internal_exception
 from .distributed import LocalReplicas, ReplicaComm
 from .lower import AnchorStream, InputStream, Program
 from .plan import ExecutionPlan, to_torch
@@ -96,7 +96,11 @@ class SimulatedDevice:
                      if program.random_seed_id is not None else None)
         self._seeds = ([values[seed_slot] for values in self.plan.replica_values]
                        if seed_slot is not None else None)
+        # The RNG state (see rng_state): micro-batch k of the next run on local replica r
+        # draws with seed _replica_seeds[r] and counter _micro_batch_counter + k + offset r.
         self._micro_batch_counter = 0
+        self._replica_seeds = [seed] * rf
+        self._counter_offsets = [0] * rf
         self.set_seed(seed)
         self._execute = self._execute_replicas  # run() swaps in a counting one for bars
 
@@ -177,7 +181,38 @@ class SimulatedDevice:
         """Seed synthetic data and seeded ops; restarts the micro-batch counter."""
         self._generator.manual_seed(seed)
         self._micro_batch_counter = 0
+        self._replica_seeds = [seed] * len(self._replica_seeds)
+        self._counter_offsets = [0] * len(self._counter_offsets)
         for seed_tensor in self._seeds or ():
+            seed_tensor[0] = seed
+
+    def rng_state(self) -> list[int]:
+        """[seed, counter] of each local replica, concatenated: the randomSeed___ value its
+        next micro-batch will draw with. Seeded ops derive every draw from that value (and
+        their own fixed offset), so these numbers fix every future random draw. Synthetic
+        input data (syntheticDataMode RandomNormal) has its own generator and is not part of
+        the state."""
+        state = []
+        for r, (seed, offset) in enumerate(zip(self._replica_seeds, self._counter_offsets)):
+            state += [seed, self._micro_batch_counter + r + offset]
+        return state
+
+    def set_rng_state(self, state: list[int]) -> None:
+        """Restore a state of ``rng_state()`` (same number of local replicas), so the next
+        runs draw what they drew after it was taken. Raises popart_exception."""
+        replicas = len(self._replica_seeds)
+        if len(state) != 2 * replicas:
+            raise popart_exception(
+                f"setRNGState: the state has {len(state)} values, but this session's RNG state "
+                f"holds 2 values (seed, micro-batch counter) for each of its {replicas} local "
+                f"replica(s), {2 * replicas} in all. Pass a state returned by getRNGState() of a "
+                f"session with the same replication factor."
+            )
+        counter = state[1]
+        self._micro_batch_counter = counter
+        self._replica_seeds = [state[2 * r] for r in range(replicas)]
+        self._counter_offsets = [state[2 * r + 1] - counter - r for r in range(replicas)]
+        for seed_tensor, seed in zip(self._seeds or (), self._replica_seeds):
             seed_tensor[0] = seed
 
     # --- running ------------------------------------------------------------------------------
@@ -273,7 +308,7 @@ class SimulatedDevice:
         groups = [tuple(range(rf))] if lockstep else [(r,) for r in range(rf)]
         slots_feeds = list(zip(self._input_slots, feeds)) if feeds is not None else None
         streams = list(zip(self._input_slots, p.inputs))
-        actions, seeds = self._actions, self._seeds
+        actions, seeds, counter_offsets = self._actions, self._seeds, self._counter_offsets
         execute = self._execute
         outer, window_end = self._outer_steps, self._window_end
         with _DeviceMode():
@@ -294,7 +329,7 @@ class SimulatedDevice:
                                 if lockstep:
                                     stepio.input_complete_callback(stream.id)
                         if seeds is not None:
-                            seeds[r][1] = self._micro_batch_counter
+                            seeds[r][1] = self._micro_batch_counter + counter_offsets[r]
                             self._micro_batch_counter += 1
                     execute(None, group)
                     for r in group:
@@ -328,7 +363,7 @@ class SimulatedDevice:
         stage_actions = [[[a for a in self._actions[k] if p.anchor_stages[a[2]] == s]
                           for s in range(p.num_stages)] for k in range(p.micro_batches_per_run)]
         cycles = self.pipeline_cycles()
-        seed_base = self._micro_batch_counter
+        seed_base, counter_offsets = self._micro_batch_counter, self._counter_offsets
         with torch.inference_mode(False), torch.no_grad():
             for w in range(windows):
                 for cycle in cycles:
@@ -345,7 +380,7 @@ class SimulatedDevice:
                                 # The user may reuse the buffer for the next replica's call.
                                 values[slot] = value.clone() if rf > 1 else value
                             if seeds is not None:
-                                seeds[r][1] = seed_base + base + r
+                                seeds[r][1] = seed_base + base + r + counter_offsets[r]
                         execute(plan.stage_steps[s])
                         for r, values in enumerate(replicas):
                             if stage_actions[base + r][s]:

@@ -82,11 +82,20 @@ class Op:
     # Inputs the kernel writes in place (variable updates, accumulators). The scheduler runs
     # such an op after every other reader of those inputs (Graph.add_op adds the constraints).
     modifies_inputs: ClassVar[tuple[int, ...]] = ()
+    # True for ops whose kernel may return an input itself or a view of its storage
+    # (Identity, Reshape ...): SessionOptions.opxAliasChecking allows their aliasing outputs.
+    aliases_inputs: ClassVar[bool] = False
     # Listed by getSupportedOperations(False)? None: decided by supported_ops.is_public's rules.
     public: ClassVar[bool | None] = None
     # True for ops whose FLOPs run on the AMP (matrix) units: the cost model rates them at the
     # AMP peak instead of the vector units' rate (device/cost.py).
     uses_amp: ClassVar[bool] = False
+    # STRING tensors (ops/string_tensors.py). True for ops whose kernel itself takes numpy
+    # object arrays of str (the string ops, Cast) ...
+    takes_strings: ClassVar[bool] = False
+    # ... and for ops that only copy, select, reorder or compare elements for equality and pad
+    # only with zeros: their one torch kernel runs on int64 codes of the strings.
+    strings_as_codes: ClassVar[bool] = False
 
     def __init__(self, attrs=None, settings: OpSettings | None = None, version: int | None = None):
         self.attrs = attrs if attrs is not None else self.Attrs()

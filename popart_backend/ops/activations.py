@@ -460,6 +460,8 @@ class Clip(Unary):
 class ClipGrad(Op):
     """dx of Clip: dy where min <= x <= max, else 0 (absent bounds do not mask)."""
 
+    aliases_inputs = True  # the gradient passes through unchanged where unclipped
+
     def infer(self, dy, x, low=None, high=None):
         return dy
 

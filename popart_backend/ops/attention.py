@@ -289,6 +289,8 @@ class _Forward:
 class Attention(Op):
     """Y (and present_key, present_value, qk_matmul_output) of scaled dot-product attention."""
 
+    aliases_inputs = True  # present key/value without a past are the inputs
+
     uses_amp = True
 
     @dataclass(frozen=True)

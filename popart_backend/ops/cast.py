@@ -195,6 +195,8 @@ def _parse_strings(array: np.ndarray) -> np.ndarray:
 class CastBase(Unary):
     """Shared kernel and gradient of Cast and CastLike: ``self._convert`` built by infer()."""
 
+    aliases_inputs = True  # a cast to the input's own dtype returns the input
+
     takes_strings = True  # STRING sides are converted here (ops/string_tensors.py)
 
     def _prepare(self, source: DataType, target: DataType) -> TensorInfo | None:
@@ -403,6 +405,8 @@ class BitCast(Unary):
     """Reinterprets each element's bits as another type of the same width (no rounding, no
     conversion); integer views of the bits go through int64 codes. Not differentiable: the
     output is not a smooth function of the input."""
+
+    aliases_inputs = True  # reinterprets the input's storage
 
     @dataclass(frozen=True)
     class Attrs:

@@ -77,6 +77,8 @@ class Body:
 class SubgraphOp(Op):
     """Base of ops holding bodies: captured inputs, body execution, printing and folding."""
 
+    aliases_inputs = True  # a body may pass an input straight to an output
+
     # Names of the Attrs fields holding a Body, in the order their captured ids are appended.
     body_attrs: tuple[str, ...] = ()
 

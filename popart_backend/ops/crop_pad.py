@@ -27,6 +27,7 @@ class CenterCropPad(Op):
     """Each axis in ``axes`` (default all) is cropped to ``shape`` (start rounded down) or padded
     with zeros (the odd element going to the end); the other axes are kept."""
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
     const_inputs = (1,)
 
     @dataclass(frozen=True)

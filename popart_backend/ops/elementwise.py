@@ -346,6 +346,7 @@ class MinGrad(MaxGrad):
 class Where(Op):
     """out = condition ? x : y, broadcasting all three."""
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
     uint64 = UInt64.BITS
 
     def infer(self, cond, x, y):

@@ -286,6 +286,8 @@ class Attention(FusedOp):
     AttentionGrad reads it instead of recomputing the softmax.
     """
 
+    aliases_inputs = True  # present key/value without a past are the inputs
+
     uses_amp = True
 
     @dataclass(frozen=True)

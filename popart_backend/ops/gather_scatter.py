@@ -119,6 +119,8 @@ def _scatter_grad(op: Op, g, scatter_type: str, gather_type: str, **attrs) -> No
 class Gather(Op):
     """out = data.take(indices, axis): indices of any rank replace the axis."""
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
+
     @dataclass(frozen=True)
     class Attrs:
         axis: int = 0
@@ -157,6 +159,8 @@ class GatherGrad(_AxisGatherGrad):
 @register_op("GatherElements", versions=(11, 13))
 class GatherElements(Op):
     """out[i][j][k] = data[index[i][j][k]][j][k] (for axis 0): torch.gather."""
+
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
 
     @dataclass(frozen=True)
     class Attrs:
@@ -259,6 +263,8 @@ class _LinearIndex:
 class GatherND(Op):
     """Gathers slices data[b..., i0..ik-1] addressed by the last dim of ``indices``."""
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
+
     @dataclass(frozen=True)
     class Attrs:
         batch_dims: int = 0
@@ -314,6 +320,8 @@ class GatherNDGrad(Op):
 class ScatterElements(Op):
     """out = copy of data with out[index[i][j]][j] (reduce)= updates[i][j] (for axis 0)."""
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
+
     @dataclass(frozen=True)
     class Attrs:
         axis: int = 0
@@ -357,6 +365,8 @@ class ScatterElements(Op):
 class Scatter(ScatterElements):
     """Scatter-9, renamed ScatterElements in opset 11 (Scatter-11 is the deprecated alias)."""
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
+
     @classmethod
     def attrs_type(cls, version):
         return cls.AttrsNoReduction
@@ -365,6 +375,8 @@ class Scatter(ScatterElements):
 @register_op("ScatterND", versions=(11, 13, 16, 18))
 class ScatterND(Op):
     """out = copy of data with the slices addressed by ``indices`` (reduce)= ``updates``."""
+
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
 
     @dataclass(frozen=True)
     class Attrs:
@@ -581,6 +593,7 @@ class Compress(Op):
     here and the kernel is one index_select.
     """
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
     const_inputs = (1,)
 
     @dataclass(frozen=True)

@@ -278,6 +278,8 @@ class EyeLike(Op):
 class Trilu(Op):
     """Upper (``upper=1``) or lower triangle of the last two dims, from diagonal ``k``."""
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
+
     @dataclass(frozen=True)
     class Attrs:
         upper: int = 1

@@ -317,6 +317,8 @@ class ScaledAdd(Op):
 
 
 class _Passthrough(Op):
+    aliases_inputs = True  # returns its input
+
     def infer(self, x):
         return x
 
@@ -446,6 +448,8 @@ class Init(Op):
 @register_op("Reshape", versions=1, domain=GC)
 class Reshape(Op):
     """Reshape to the ``shape`` attribute (one dimension may be -1)."""
+
+    aliases_inputs = True  # a view of the input
 
     @dataclass(frozen=True)
     class Attrs:

@@ -38,6 +38,8 @@ class Xor(Compare):
 
 @register_op("Equal", versions=(1, 7, 11, 13, 19))
 class Equal(Compare):
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
+
     def kernel(self, a, b):
         return torch.eq(a, self.legacy_align(a, b))
 

@@ -50,6 +50,8 @@ class GraphcoreLoss(Op):
 class IdentityLoss(GraphcoreLoss):
     """loss = reduce(x): the user computed the per-sample loss with ordinary ops."""
 
+    aliases_inputs = True  # reduction none returns its input
+
     @dataclass(frozen=True)
     class Attrs:
         reduction: int = 1

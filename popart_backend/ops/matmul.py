@@ -1,5 +1,14 @@
 """Matrix products: MatMul (numpy semantics), Gemm (alpha·A'·B' + beta·C) and Einsum, with
-their gradients (the grad ops sit right below their forward op, in domain ai.graphcore)."""
+their gradients (the grad ops sit right below their forward op, in domain ai.graphcore).
+
+Half partials (SessionOptions.partialsTypeMatMuls = "half", transforms/numerics_options.py
+HalfPartialMatMuls): a float16 MatMul, Gemm or their gradient marked ``half_partials``
+accumulates its products in float16, as the IPU's AMP units do with half partials: each
+product a_ik·b_kj is rounded to float16 and added, k = 0, 1, ..., to a float16 sum rounded after
+every addition (``half_partials_matmul``). Unmarked float16 products accumulate in float32 and
+round once, as torch's CPU kernels (and the IPU's default float partials) do. Float32 products
+are never affected: the IPU has no half partials for them.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +31,33 @@ from .registry import AI_GRAPHCORE, register_op
 # torch's CPU matmul has no unsigned 32/64-bit kernels. int64 arithmetic wraps modulo 2**64
 # exactly like the unsigned types do, so the product is computed there and cast back.
 _WIDENED = {DataType.UINT32: torch.int64, DataType.UINT64: torch.int64}
+
+
+def half_partials_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch.matmul of float16 operands with a float16 running sum over the inner index.
+
+    One vectorised multiply and add per inner index k (K steps over [..., M, N] tensors), so it
+    costs about K small kernels instead of one gemm: a debug-precision model, not a fast path.
+    """
+    lhs_vector, rhs_vector = a.dim() == 1, b.dim() == 1
+    a = a.unsqueeze(0) if lhs_vector else a
+    b = b.unsqueeze(-1) if rhs_vector else b
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    acc = torch.zeros(*batch, a.shape[-2], b.shape[-1], dtype=a.dtype)
+    columns = a.unsqueeze(-1)  # [..., M, K, 1]: column k is [..., M, 1]
+    rows = b.unsqueeze(-3)  # [..., 1, K, N]: row k is [..., 1, N]
+    for k in range(a.shape[-1]):
+        acc.add_(columns[..., k, :] * rows[..., k, :])  # float16 product, float16 sum
+    if rhs_vector:
+        acc = acc.squeeze(-1)
+    return acc.squeeze(-2) if lhs_vector else acc
+
+
+def _product(op: Op, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b with the op's partials type (half when the HalfPartialMatMuls pass marked it)."""
+    if getattr(op, "half_partials", False):
+        return half_partials_matmul(a, b)
+    return torch.matmul(a, b)
 
 
 def _operand(name: str, info: TensorInfo) -> str:
@@ -74,7 +110,7 @@ class MatMul(Op):
     def kernel(self, a, b):
         if self._widen is not None:
             return torch.matmul(a.to(self._widen), b.to(self._widen)).to(self._out_dtype)
-        return torch.matmul(a, b)
+        return _product(self, a, b)
 
     def grad(self, g):
         dy = g.output_grad(0)
@@ -150,7 +186,7 @@ class MatMulLhsGrad(_MatMulGrad):
     def kernel(self, dy, b):
         dy = dy.reshape(self._dy_shape)
         b = b.reshape(self._other_shape)
-        return self.finish(torch.matmul(dy, b.transpose(-1, -2)))
+        return self.finish(_product(self, dy, b.transpose(-1, -2)))
 
 
 @register_op("MatMulRhsGrad", versions=1, domain=AI_GRAPHCORE)
@@ -170,8 +206,8 @@ class MatMulRhsGrad(_MatMulGrad):
         if self._fold:
             a = a.expand(self._dy_shape[:-2] + a.shape[-2:])
             rows = a.reshape(-1, a.shape[-1])
-            return torch.mm(rows.t(), dy.reshape(-1, dy.shape[-1])).reshape(self._shape)
-        return self.finish(torch.matmul(a.transpose(-1, -2), dy))
+            return _product(self, rows.t(), dy.reshape(-1, dy.shape[-1])).reshape(self._shape)
+        return self.finish(_product(self, a.transpose(-1, -2), dy))
 
 
 @register_op("Gemm", versions=(1, 6, 7, 9, 11, 13))
@@ -253,7 +289,7 @@ class Gemm(Op):
 
     def kernel(self, a, b, c=None):
         at = self.attrs
-        if self._linear:
+        if self._linear and not getattr(self, "half_partials", False):
             return F.linear(a, b, c)
         if self._widen is not None:
             a, b = a.to(self._widen), b.to(self._widen)
@@ -270,6 +306,11 @@ class Gemm(Op):
             if c is not None:
                 y = y + (c * int(at.beta) if at.beta != 1.0 else c)
             return y.to(self._out_dtype)
+        if getattr(self, "half_partials", False):
+            # The float16 product, then alpha·Y + beta·C in float16 like the IPU's Gemm.
+            y = half_partials_matmul(a, b)
+            y = y if at.alpha == 1.0 else y.mul_(at.alpha)
+            return y if c is None else y + (c if at.beta == 1.0 else c * at.beta)
         if c is None:
             y = torch.mm(a, b)
             return y if at.alpha == 1.0 else y.mul_(at.alpha)
@@ -329,10 +370,12 @@ class GemmGrad(Op):
         if at.operand == 0:
             # dA' = dY @ B'^T with B' = B^T when transB.
             b_t = other if at.transB else other.t()
-            grad = torch.mm(other.t() if at.transB else other, dy.t()) if at.transA else torch.mm(dy, b_t)
+            grad = (_product(self, other.t() if at.transB else other, dy.t()) if at.transA
+                    else _product(self, dy, b_t))
         else:
             a_prime = other.t() if at.transA else other
-            grad = torch.mm(dy.t(), a_prime) if at.transB else torch.mm(a_prime.t(), dy)
+            grad = (_product(self, dy.t(), a_prime) if at.transB
+                    else _product(self, a_prime.t(), dy))
         return grad if at.alpha == 1.0 else grad.mul_(at.alpha)
 
     def cost(self) -> tuple[int, int]:
@@ -355,6 +398,8 @@ def _split_term(term: str) -> list[str]:
 @register_op("Einsum", versions=(12, 28))
 class Einsum(Op):
     """Einstein summation (torch.einsum), with the equation checked against the input shapes."""
+
+    aliases_inputs = True  # a one-operand equation may return a permuted view
 
     uses_amp = True
 
@@ -483,6 +528,8 @@ def explicit_terms(equation: str, ranks: list[int]) -> tuple[list[list[str]], li
 class EinsumGrad(Op):
     """Gradient of Einsum operand ``operand``: an einsum of dY with the other operands into the
     operand's labels; labels only that operand has are broadcast back, broadcast dims summed."""
+
+    aliases_inputs = True  # a one-operand gradient may be a permuted view of dY
 
     @dataclass(frozen=True)
     class Attrs:

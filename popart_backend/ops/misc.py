@@ -68,6 +68,8 @@ class LpNormalizationGrad(LpNormalization):
 class ReverseSequence(Op):
     """Reverse the first sequence_lens[b] elements along ``time_axis`` of each batch entry b."""
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
+
     @dataclass(frozen=True)
     class Attrs:
         batch_axis: int = 1

@@ -28,6 +28,8 @@ from .registry import AI_GRAPHCORE, register_op
 class Dropout(Op):
     """output = data; mask = all ones (BOOL from version 10, the data type before)."""
 
+    aliases_inputs = True  # inference Dropout returns its input
+
     # Dropout must not be folded: in a TrainingSession its output is random.
     foldable = False
     # The ratio (versions >= 12) stays a constant even when initializers become weights: the
@@ -164,6 +166,8 @@ class ShapedDropout(Op):
     drop together. Inert (the identity) in inference, like Dropout; in a TrainingSession the
     TrainingSemantics pass replaces it by ShapedDropoutTraining.
     """
+
+    aliases_inputs = True  # inference ShapedDropout returns its input
 
     foldable = False
 

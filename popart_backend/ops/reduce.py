@@ -122,6 +122,8 @@ class ReduceGrad(Op):
     ``axes`` are the reduced axes (normalized, sorted; empty when the reduction was a no-op).
     """
 
+    aliases_inputs = True  # the gradient broadcast back is an expanded view
+
     @dataclass(frozen=True)
     class Attrs:
         axes: tuple[int, ...]

@@ -197,6 +197,8 @@ def _edge_weights(req, index, weight, in_len, normalise=False):
 class ResizeBase(Op):
     """Shared planning and kernel of Resize and Upsample; subclasses provide ``request()``."""
 
+    aliases_inputs = True  # a resize to the input's own shape returns the input
+
     def plan(self, x: TensorInfo, scales, sizes, roi, req: ResizeRequest) -> TensorInfo:
         """Precompute per-axis taps. ``scales``/``sizes``/``roi`` cover every axis of ``x``;
         given one of scales and sizes, the other follows (sizes = floor(scale * input size),

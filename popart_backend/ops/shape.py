@@ -80,6 +80,8 @@ def normalize_axes(op: Op, axes, rank: int, what: str = "axes") -> tuple[int, ..
 class ViewOp(Op):
     """An op whose output is a view of its input: no data moves on the device."""
 
+    aliases_inputs = True  # its output is a view of the input's storage
+
     def cost(self) -> tuple[int, int]:
         return 0, 0
 
@@ -144,6 +146,8 @@ def reshape_target(op: Op, in_shape: tuple[int, ...], requested, allowzero: bool
 class Reshape(_Reshaping):
     """Reshape-1 takes ``shape`` as an attribute, 5+ as a constant input; 14+ adds allowzero."""
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
+
     @dataclass(frozen=True)
     class Attrs:
         allowzero: int = 0
@@ -182,6 +186,8 @@ class Reshape(_Reshaping):
 class Squeeze(_Reshaping):
     """``axes`` is an attribute before 13 and an optional constant input from 13."""
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
+
     @dataclass(frozen=True)
     class Attrs:
         axes: tuple[int, ...] | None = None
@@ -218,6 +224,8 @@ class Squeeze(_Reshaping):
 class Unsqueeze(_Reshaping):
     """``axes`` (of the output) is an attribute before 13 and a constant input from 13."""
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
+
     @dataclass(frozen=True)
     class Attrs:
         axes: tuple[int, ...]
@@ -246,6 +254,8 @@ class Unsqueeze(_Reshaping):
 class Flatten(_Reshaping):
     """2-D output [prod(shape[:axis]), prod(shape[axis:])]; negative axis from 11."""
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
+
     @dataclass(frozen=True)
     class Attrs:
         axis: int = 1
@@ -270,6 +280,8 @@ class Flatten(_Reshaping):
 @register_op("Transpose", versions=(1, 13, 21, 23, 24, 25))
 class Transpose(ViewOp):
     """Permute the axes; the default ``perm`` reverses them."""
+
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
 
     @dataclass(frozen=True)
     class Attrs:
@@ -299,6 +311,8 @@ class Transpose(ViewOp):
 class Identity(ViewOp):
     """Tensor inputs only (sequence and optional values do not exist in this IR)."""
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
+
     def infer(self, data):
         return data
 
@@ -316,6 +330,7 @@ class Identity(ViewOp):
 class Tile(Op):
     """Tile-1 repeats one axis (``tiles`` and ``axis`` inputs); 6+ takes ``repeats`` per axis."""
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
     const_inputs = (1, 2)
 
     def infer(self, data, repeats=None, axis=None):
@@ -357,6 +372,7 @@ class Tile(Op):
 class Expand(ViewOp):
     """Bidirectional broadcast of the input to a constant ``shape``; the result is a view."""
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
     const_inputs = (1,)
 
     def infer(self, data, shape=None):
@@ -379,6 +395,8 @@ class Expand(ViewOp):
 class _Rearrange(Op):
     """x.reshape(split_shape).permute(perm).reshape(out_shape); the gradient runs it backwards."""
 
+    aliases_inputs = True  # the kernel reshapes and permutes views
+
     def kernel(self, x):
         return x.reshape(self.split_shape).permute(self.perm).reshape(self.out_shape)
 
@@ -393,6 +411,8 @@ class _Rearrange(Op):
 @register_op("DepthToSpace", versions=(1, 11, 13, 28))
 class DepthToSpace(_Rearrange):
     """[N, C, H, W] -> [N, C/b², H·b, W·b]; mode DCR (depth-column-row, default) or CRD (11+)."""
+
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
 
     @dataclass(frozen=True)
     class Attrs:
@@ -429,6 +449,8 @@ class DepthToSpace(_Rearrange):
 class SpaceToDepth(_Rearrange):
     """[N, C, H, W] -> [N, C·b², H/b, W/b], the inverse of DepthToSpace in the same mode
     (``mode`` DCR or CRD from version 28; DCR before)."""
+
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
 
     Attrs, Attrs1 = DepthToSpace.Attrs, DepthToSpace.Attrs1
 

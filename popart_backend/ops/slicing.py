@@ -85,6 +85,10 @@ def slice_indices(op: Op, shape, starts, ends, axes, steps):
 class Slice(Op):
     """Slice-1 takes starts/ends/axes attributes; 10+ takes them (and steps) as constant inputs."""
 
+    aliases_inputs = True  # a strided view of the input
+
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
+
     @dataclass(frozen=True)
     class Attrs1:
         starts: tuple[int, ...]
@@ -157,6 +161,8 @@ class SliceGrad(Op):
 class Split(ViewOp):
     """Sizes come from the ``split`` attribute (1, 2, 11), the constant ``split`` input (1, 13+),
     ``num_outputs`` (18+, last chunk smaller) or an even split over the node's outputs."""
+
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
 
     @dataclass(frozen=True)
     class Attrs:
@@ -251,6 +257,8 @@ class Split(ViewOp):
 class Concat(Op):
     """Concat-1's axis defaults to 1; 4+ requires it; 11+ accepts negative axes."""
 
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
+
     @dataclass(frozen=True)
     class Attrs:
         axis: int
@@ -330,6 +338,8 @@ class Pad(Op):
     1: ``paddings``/``value`` attributes; 2: ``pads``/``value``; 11+: constant ``pads`` and
     ``constant_value`` inputs; 18+: optional ``axes`` input; 19+: ``wrap`` mode.
     """
+
+    strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
 
     @dataclass(frozen=True)
     class Attrs:

@@ -4,17 +4,19 @@ torch has no string dtype, so a STRING value lives in its slot as a C-contiguous
 array of Python ``str``, one per element. Memory and exchange are accounted as 8 bytes per
 element (``DataType.STRING.itemsize``): the pointer a device would hold, not the characters.
 
-Two kinds of op accept strings:
+Two kinds of op accept strings, each declaring it with a class attribute (``ir/op.py``):
 
-- String ops (``ops/strings.py``, ``ops/ml.py``) set ``takes_strings = True``: their kernel gets
-  the numpy object arrays (torch tensors for the other inputs) and returns object arrays for
-  STRING outputs.
-- Ops that only move, select or compare elements for equality (``ELEMENT_MOVERS``: Identity,
-  Reshape, Gather, Concat, Where, Equal ...) keep their one torch kernel. Their STRING inputs
-  are replaced by int64 codes, each string's rank in the sorted vocabulary of all strings the
-  op reads, with "" always in it as code 0; the kernel runs on the codes and STRING outputs map
+- ``takes_strings = True``: the string ops (``ops/strings.py``, ``ops/ml.py``) and Cast. Their
+  kernel gets the numpy object arrays (torch tensors for the other inputs) and returns object
+  arrays for STRING outputs.
+- ``strings_as_codes = True``: ops that only copy, select, reorder or compare elements for
+  equality and fill only with zeros (Identity, Reshape, Gather, Concat, Pad, Where, Equal ...;
+  all accept tensor(string) in ONNX). They keep their one torch kernel. Their STRING inputs are
+  replaced by int64 codes, each string's rank in the sorted vocabulary of all strings the op
+  reads, with "" always in it as code 0; the kernel runs on the codes and STRING outputs map
   codes back to strings. Ranks preserve equality and order, and the zeros an op pads with
-  (Pad's default, Trilu) decode to "", the string zero of ONNX.
+  (Pad's default, Trilu) decode to "", the string zero of ONNX. An op sets this only when its
+  kernel is correct on such codes for every input it may get.
 
 Every other op given a STRING tensor is rejected when the plan is built (``kernel_for``).
 """
@@ -29,16 +31,7 @@ import torch
 from ..dtypes import DataType
 from ..errors import UnsupportedOpError
 from ..ir.op import Op
-from .registry import AI_ONNX
-
-# ai.onnx ops whose kernels are correct on element codes: they copy, select, reorder or
-# compare-for-equality elements and fill only with zeros. All accept tensor(string) in ONNX.
-ELEMENT_MOVERS = frozenset({
-    "CenterCropPad", "Compress", "Concat", "DepthToSpace", "Equal", "Expand", "Flatten",
-    "Gather", "GatherElements", "GatherND", "Identity", "Pad", "Reshape", "ReverseSequence",
-    "Scatter", "ScatterElements", "ScatterND", "Slice", "SpaceToDepth", "Split", "Squeeze",
-    "Tile", "Transpose", "Trilu", "Unsqueeze", "Where",
-})
+from . import registry
 
 
 def is_string(value) -> bool:
@@ -66,9 +59,9 @@ def kernel_for(op: Op) -> Callable:
                        if t is not None and t.info.dtype is DataType.STRING)
     if not string_in and not string_out:
         return op.kernel
-    if getattr(op, "takes_strings", False):
+    if op.takes_strings:
         return op.kernel
-    if op.domain == AI_ONNX and op.op_type in ELEMENT_MOVERS:
+    if op.strings_as_codes:
         return _on_codes(op.kernel, string_in, set(string_out), len(op.outputs) == 1)
     names = ", ".join(f"'{op.inputs[i].id}'" for i in string_in) or ", ".join(
         f"'{op.outputs[i].id}'" for i in string_out)
@@ -76,8 +69,14 @@ def kernel_for(op: Op) -> Callable:
         f"{op.debug_name}: STRING tensor(s) {names} reach an op the simulated IPU runs only on "
         f"numbers. String tensors work with the string ops (StringNormalizer, StringSplit, "
         f"StringConcat, RegexFullMatch, TfIdfVectorizer, LabelEncoder ...) and the ops that only "
-        f"move or compare elements ({', '.join(sorted(ELEMENT_MOVERS))})."
+        f"move or compare elements ({', '.join(string_code_op_types())})."
     )
+
+
+def string_code_op_types() -> list[str]:
+    """Sorted op types of the registered classes that set ``strings_as_codes``."""
+    return sorted({op_type for _, op_type, _, cls in registry.all_registered()
+                   if cls.strings_as_codes})
 
 
 def _on_codes(kernel: Callable, string_in: tuple[int, ...], string_out: set[int],

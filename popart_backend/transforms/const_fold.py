@@ -19,6 +19,7 @@ from ..dtypes import to_host, to_storage
 from ..errors import popart_exception
 from ..ir.graph import Graph
 from ..ir.op import Op
+from ..ops.base import wrap_unsigned_outputs
 from ..ops.string_tensors import kernel_for
 
 _log = logging.getLogger("popart:ces")
@@ -49,10 +50,15 @@ def try_fold(graph: Graph, op: Op) -> bool:
 
 
 def evaluate(op: Op) -> list[np.ndarray]:
-    """Run ``op``'s kernel on its constant inputs."""
+    """Run ``op``'s kernel on its constant inputs, exactly as the execution plan runs it.
+
+    uint16/uint32 outputs are reduced modulo 2**bits by the plan's own wrapper
+    (``wrap_unsigned_outputs``), so a folded constant holds the value the unfolded op would
+    have computed rather than relying on the host conversion's cast to wrap a surrogate.
+    """
     args = [None if t is None else to_torch(t.data) for t in op.inputs]
     with torch.no_grad():
-        result = kernel_for(op)(*args)
+        result = wrap_unsigned_outputs(op, kernel_for(op))(*args)
     results = result if isinstance(result, (tuple, list)) else [result]
     dtypes = [None if t is None else t.info.dtype for t in op.outputs]
     return [to_host(r, dtype) if isinstance(r, torch.Tensor) else np.asarray(r)

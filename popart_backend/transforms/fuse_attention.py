@@ -132,7 +132,8 @@ class FuseAttention:
             probs = where.outputs[0]
             guarded = True
         mm2 = only_consumer(probs, "MatMul")
-        if mm2 is None or mm2.inputs[0] is not probs:
+        # Half-partials matmuls (partialsTypeMatMuls) keep their own float16 accumulation.
+        if mm2 is None or mm2.inputs[0] is not probs or getattr(mm2, "half_partials", False):
             return False
         chain.append(mm2)
         v = mm2.inputs[1]
@@ -165,7 +166,7 @@ class FuseAttention:
             chain.insert(0, post)
             t = src
         mm1 = producer(t, "MatMul")
-        if mm1 is None or only_consumer(t) is None:
+        if mm1 is None or only_consumer(t) is None or getattr(mm1, "half_partials", False):
             return False
         chain.insert(0, mm1)
         a, b = mm1.inputs

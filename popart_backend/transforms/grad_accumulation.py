@@ -16,6 +16,8 @@ Two passes, around the optimizer pass:
 
 - Running: ``Accumulate`` keeps the running mean, ``accum += (g - accum)/(n + 1)``, reading a
   micro-batch counter ``Counter___accumulation`` (role STEP) incremented after the accumulators.
+  Pipelined, each stage works on another micro-batch in a cycle, so ``count_per_stage`` (run
+  once stages are known) gives every stage that keeps running means its own counter.
 - Post: the accumulator holds the sum; the optimizer's ``grad_scale`` divides it by af·rf.
 - PostAndLoss: the loss gradient is divided by rf (the session seeds autodiff with it, see
   ``reduction_factors``) and an in-place ``AccumulatorScale`` divides the sum by af before the
@@ -160,6 +162,69 @@ class AccumulateGradients:
         settings = OpSettings(name=output, execution_context=context)
         op = create_op(op_type, attrs, settings, domain=AI_GRAPHCORE, where=output)
         return graph.add_op(op, inputs, [graph.unique_id(output)])
+
+
+def count_per_stage(graph) -> list[str]:
+    """Split the running-mean counter into one per pipeline stage; returns the new counters.
+
+    In a pipeline cycle stage s works on micro-batch c - s, so a counter shared by the stages
+    would count another stage's micro-batches. Each stage's counter counts the micro-batches
+    that stage has accumulated: read by the stage's ``Accumulate`` (Mean) ops, incremented on
+    the stage after them, and zeroed in the outer fragment with the accumulators. Run after
+    the stages (and their IPUs) are assigned; does nothing without a running mean.
+
+    Before (stage 1 keeps Accum___w1, stage 2 Accum___w0):
+      Accumulate(Accum___w1, g1, Counter___accumulation)         # stage 1
+      Accumulate(Accum___w0, g0, Counter___accumulation)         # stage 2
+      Accumulate(Counter___accumulation, one)                    # stage 2
+    After:
+      Accumulate(Accum___w1, g1, Counter___accumulation/stage1)  # stage 1
+      Accumulate(Counter___accumulation/stage1, one)             # stage 1
+      Accumulate(Accum___w0, g0, Counter___accumulation/stage2)  # stage 2
+      Accumulate(Counter___accumulation/stage2, one)             # stage 2
+    """
+    if COUNTER_ID not in graph.tensors:
+        return []
+    counter = graph.tensor(COUNTER_ID)
+    means = [op for op in counter.consumers if op.op_type == "Accumulate"
+             and op.inputs[0] is not counter and op.attrs.accumulation_type == "Mean"]
+    own = [op for op in counter.consumers if op not in means]
+    if sorted(op.op_type for op in own) != ["Accumulate", "AccumulatorScale"]:
+        raise popart_internal_exception(
+            f"count_per_stage: '{COUNTER_ID}' should be read by the running means, its "
+            f"increment and its reset only; other readers: {[op.debug_name for op in own]}."
+        )
+    increment = next(op for op in own if op.op_type == "Accumulate")
+    one_id = increment.inputs[1].id
+    by_stage: dict[int, list] = {}
+    for op in means:
+        by_stage.setdefault(op.settings.pipeline_stage, []).append(op)
+    counters = []
+    for stage, readers in sorted(by_stage.items()):
+        stage_counter = AccumulateGradients._variable(
+            graph, graph.unique_id(f"{COUNTER_ID}/stage{stage}"), np.zeros((), np.float32),
+            TensorRole.STEP).id
+        for op in readers:
+            graph.replace_input(op, 2, stage_counter)
+        ipu = readers[0].settings.ipu
+        # Graph.add_op schedules the stage's readers of the count before each write of it.
+        for op_type, context, placed, attrs in (
+                ("Accumulate", ExecutionContext.Normal, stage, {}),
+                ("AccumulatorScale", OUTER, None, {"factor": 0.0})):
+            name = f"{stage_counter}/{'incremented' if placed is not None else 'reset'}"
+            settings = OpSettings(name=name, execution_context=context, ipu=ipu,
+                                  pipeline_stage=placed)
+            op = create_op(op_type, attrs, settings, domain=AI_GRAPHCORE, where=name)
+            inputs = [stage_counter, one_id] if op_type == "Accumulate" else [stage_counter]
+            graph.add_op(op, inputs, [graph.unique_id(name)])
+        counters.append(stage_counter)
+    for op in own:
+        outputs = [t for t in op.outputs if t is not None]
+        graph.remove_op(op)
+        for t in outputs:
+            graph.remove_tensor(t)
+    graph.remove_tensor(counter)
+    return counters
 
 
 class ResetAccumulators:

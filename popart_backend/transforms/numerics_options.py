@@ -14,6 +14,18 @@
   of a marked op and raises ``popart_runtime_error`` at the first NaN or inf computed from
   finite inputs, as the IPU's floating-point exceptions stop the program there. Values that
   were already non-finite on the way in propagate without a new exception.
+- ``partialsTypeMatMuls = "half"``: ``HalfPartialMatMuls`` marks every MatMul and Gemm with
+  float16 operands (``half_partials``), before the fusions, which leave marked ones alone; in
+  training it runs again after autodiff for the gradient products (MatMulLhsGrad,
+  MatMulRhsGrad, GemmGrad). Their kernels then accumulate in float16 (ops/matmul.py); float32
+  products are unaffected. "float" and "" keep float32 partials.
+- ``opxModifyChecking`` / ``opxAliasChecking``: ``KernelChecks`` (last, like the floating-point
+  checks) marks every op; the execution plan (device/plan.py ``modify_checked``,
+  ``alias_checked``) then raises ``popart_internal_exception`` when a kernel changes an input
+  its op does not list in ``modifies_inputs``, or returns an input's storage although its op
+  neither sets ``aliases_inputs`` nor modifies that input. These check the kernels, not the
+  model; a correct op never trips them. Ops of subgraphs (If, Loop bodies) are marked too, but
+  only kernels the plan runs are checked.
 
 Before:  y = Softmax(x)   After: y = Softmax(x) with op.non_stable = True (kernel exp / sum)
 Before:  y, m, s = GroupNorm(x, w, b)
@@ -24,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtypes import DataType
 from ..ir.graph import Graph
 from ..ir.ir import Ir
 from ..ir.op import Op
@@ -112,3 +125,41 @@ class FloatingPointChecks:
             for op in graph.ops.values():
                 op.check_floating_point = True
         return bool(ir.graphs)
+
+
+class KernelChecks:
+    """Pass: mark every op for the execution plan's kernel modify and/or alias checks."""
+
+    name = "kernel_checks"
+
+    def __init__(self, modify: bool, alias: bool):
+        self.modify = modify
+        self.alias = alias
+
+    def run(self, ir: Ir) -> bool:
+        for graph in ir.graphs.values():
+            for op in graph.ops.values():
+                op.check_modify = self.modify
+                op.check_alias = self.alias
+        return bool(ir.graphs)
+
+
+_MATMUL_TYPES = {(AI_ONNX, "MatMul"), (AI_ONNX, "Gemm"), (AI_GRAPHCORE, "MatMulLhsGrad"),
+                 (AI_GRAPHCORE, "MatMulRhsGrad"), (AI_GRAPHCORE, "GemmGrad")}
+
+
+class HalfPartialMatMuls:
+    """Pass: mark the float16 matrix products to accumulate in float16."""
+
+    name = "half_partial_matmuls"
+
+    def run(self, ir: Ir) -> bool:
+        changed = False
+        for graph in ir.graphs.values():
+            for op in graph.ops.values():
+                if ((op.domain, op.op_type) in _MATMUL_TYPES and op.inputs[0] is not None
+                        and op.inputs[0].info.dtype is DataType.FLOAT16
+                        and not getattr(op, "half_partials", False)):
+                    op.half_partials = True
+                    changed = True
+        return changed

@@ -30,7 +30,8 @@ from .fuse_layer_norm import FuseLayerNorm
 from .fuse_matmul_add import FuseMatMulAdd
 from .grad_accumulation import AccumulateGradients, ResetAccumulators, reduction_factors
 from .inplace import InplaceVariants
-from .numerics_options import FloatingPointChecks, NonStableSoftmax, StridedGroupNorm
+from .numerics_options import (FloatingPointChecks, HalfPartialMatMuls, KernelChecks,
+                               NonStableSoftmax, StridedGroupNorm)
 from .ipu_copy import InsertIpuCopies
 from .pipelining import AssignPipelineStages, InsertPipelineStashes
 from .random_seed import WireRandomSeed
@@ -65,7 +66,7 @@ def inference_passes(options=None, ipus_per_replica: int = 1,
     ]
     if options is None:
         return passes
-    checks = [FloatingPointChecks()] if options.enableFloatingPointChecks else []
+    checks = check_passes(options)
     # Weights (when not constants) asking for replicated tensor sharding (spec §10.3).
     local_replicas = options.replicatedGraphCount if options.enableReplicatedGraphs else 1
     passes.insert(len(passes) - 1,
@@ -83,6 +84,31 @@ def numerics_passes(options) -> list:
     passes = [NonStableSoftmax()] if options.enableNonStableSoftmax else []
     if options.groupNormStridedChannelGrouping:
         passes.append(StridedGroupNorm())
+    if half_partials(options):
+        passes.append(HalfPartialMatMuls())
+    return passes
+
+
+_PARTIALS_TYPES = ("", "float", "half")
+
+
+def half_partials(options) -> bool:
+    """Whether ``partialsTypeMatMuls`` asks for float16 matmul partials; raises for a value
+    other than "", "float" or "half"."""
+    value = options.partialsTypeMatMuls
+    if not isinstance(value, str) or value.lower() not in _PARTIALS_TYPES:
+        raise popart_exception(
+            f"SessionOptions.partialsTypeMatMuls = {value!r}: use \"float\" (or \"\", the "
+            f"default) for float32 partials, or \"half\" for float16 partials."
+        )
+    return value.lower() == "half"
+
+
+def check_passes(options) -> list:
+    """The debug-check passes, last so they mark every op the other passes added."""
+    passes = [FloatingPointChecks()] if options.enableFloatingPointChecks else []
+    if options.opxModifyChecking or options.opxAliasChecking:
+        passes.append(KernelChecks(options.opxModifyChecking, options.opxAliasChecking))
     return passes
 
 
@@ -122,6 +148,8 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
                     FuseMatMulAdd(training=True), FuseGelu(training=True),
                     FuseLayerNorm(training=True), FuseAttention(training=True),
                     AssignVirtualGraphs(placement), autodiff]
+    if half_partials(options):
+        passes.append(HalfPartialMatMuls())  # the gradient products autodiff added
     if not const_scaling:
         passes.append(SeedLossScaling(loss_id, loss_scaling))
     grads = lambda: trained_weights(autodiff)  # noqa: E731 - filled when autodiff runs
@@ -154,7 +182,7 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
         depth, depth_name = accumulation_factor, "gradient accumulation factor"
     else:
         depth, depth_name = batches_per_step, "batchesPerStep"
-    checks = [FloatingPointChecks()] if options.enableFloatingPointChecks else []
+    checks = check_passes(options)
     return passes + multi_ipu_passes(options, placement, loss_id, depth, depth_name) + checks
 
 

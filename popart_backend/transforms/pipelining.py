@@ -8,7 +8,9 @@
   differentiate (``Op.grad_of``, F65); so forward {A:0, B:1, C:2} gives 2:{C, C'}, 3:{B'}, 4:{A'};
 - ops the training passes added (weight-gradient sums, optimizer updates without
   accumulation, accumulators): the stage of what they read. With accumulation, the optimizer
-  runs in the accumulate outer fragment, once after the pipeline's flush.
+  runs in the accumulate outer fragment, once after the pipeline's flush. The running mean's
+  micro-batch counter becomes one counter per stage (``grad_accumulation.count_per_stage``):
+  the stages of a cycle work on different micro-batches.
 
 Every stage runs on one IPU; a stage's IPU then overrides the op's annotation. The checks and
 their messages are the spec's. ``P`` counts forward and backward stages.
@@ -51,7 +53,7 @@ from ..ir.op import ExecutionContext, Op, OpSettings
 from ..ir.tensor import Tensor, TensorInfo, TensorKind, TensorRole
 from ..ops import stash as _stash_ops  # noqa: F401 - registers Stash / Restore
 from ..ops.registry import AI_GRAPHCORE, create_op
-from ..options import MeanReductionStrategy, ReductionType
+from .grad_accumulation import count_per_stage
 from .ipu_copy import add_ipu_copy
 from .virtual_graphs import Placement, fill_placement, set_placement
 
@@ -84,7 +86,6 @@ class AssignPipelineStages:
                 set_placement(op, pipeline_stage=None)
             return bool(staged)
         placement = self.placement  # AssignVirtualGraphs checked the IPUs and mode
-        self._check_running_mean()
         forward = [op for op in order if op.id in placement.forward_ids]
         self._forward_stages(forward)
         stage_ipu = self._stage_ipus(forward)
@@ -94,6 +95,7 @@ class AssignPipelineStages:
             if op.settings.pipeline_stage is not None:
                 set_placement(op, ipu=stage_ipu[op.settings.pipeline_stage])
         placement.stage_ipu = dict(sorted(stage_ipu.items()))
+        count_per_stage(graph)
         placement.loss_stage = loss_stage
         self._check_order(order)
         self._check_streams(graph)
@@ -101,20 +103,6 @@ class AssignPipelineStages:
         _log.debug("assign_pipeline_stages: %d stages on IPUs %s", placement.num_stages,
                    placement.stage_ipu)
         return True
-
-    def _check_running_mean(self) -> None:
-        options = self.options
-        if (options.enableGradientAccumulation
-                and options.accumulationAndReplicationReductionType is ReductionType.Mean
-                and options.meanAccumulationAndReplicationReductionStrategy
-                is MeanReductionStrategy.Running):
-            # The running mean reads one micro-batch counter from every backward stage, but the
-            # stages of a cycle work on different micro-batches.
-            raise popart_exception(
-                "Pipelining with MeanReductionStrategy.Running is not supported by the "
-                "simulator yet: its shared micro-batch counter is read by several pipeline "
-                "stages at once. Use MeanReductionStrategy.Post (same numbers) instead."
-            )
 
     def _forward_stages(self, forward: list[Op]) -> None:
         staged = [op for op in forward if op.settings.pipeline_stage is not None]

@@ -1,7 +1,6 @@
 """Gradients of LRN, MeanVarianceNormalization and GlobalLpPool against torch.autograd of their
 ONNX formulas (issue #3: every differentiable op has a gradient)."""
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F

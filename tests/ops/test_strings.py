@@ -100,6 +100,42 @@ def test_string_reaching_numeric_only_op_raises():
                                 const_inputs=(1,))
     with pytest.raises(UnsupportedOpError, match="OneHot.*STRING"):
         run_popart(model, feeds)
+    # The message lists the op types that run on codes, read from their class attributes.
+    with pytest.raises(UnsupportedOpError, match="Gather, GatherElements, GatherND, Identity"):
+        run_popart(model, feeds)
+
+
+# The ai.onnx op types whose kernels run on string codes: they copy, select, reorder or compare
+# elements for equality and fill only with zeros.
+ELEMENT_MOVING = {
+    "CenterCropPad", "Compress", "Concat", "DepthToSpace", "Equal", "Expand", "Flatten",
+    "Gather", "GatherElements", "GatherND", "Identity", "Pad", "Reshape", "ReverseSequence",
+    "Scatter", "ScatterElements", "ScatterND", "Slice", "SpaceToDepth", "Split", "Squeeze",
+    "Tile", "Transpose", "Trilu", "Unsqueeze", "Where",
+}
+
+
+def test_string_paths_are_declared_on_the_op_classes():
+    """F78: each op class declares its string path (``strings_as_codes`` / ``takes_strings``,
+    ir/op.py); the ai.onnx types on codes are the element-moving ones, and ONNX's schema of
+    their latest version accepts tensor(string)."""
+    from popart_backend.ops.registry import all_registered
+    from popart_backend.ops.string_tensors import string_code_op_types
+
+    on_codes = {(d, t) for d, t, _, cls in all_registered() if cls.strings_as_codes}
+    assert {t for d, t in on_codes if d == "ai.onnx"} == ELEMENT_MOVING
+    assert set(string_code_op_types()) == ELEMENT_MOVING
+    assert not [(d, t) for d, t, _, cls in all_registered()
+                if cls.strings_as_codes and cls.takes_strings]
+    latest: dict[str, int] = {}
+    for d, t, v, _ in all_registered():
+        if d == "ai.onnx" and t in ELEMENT_MOVING:
+            latest[t] = max(v, latest.get(t, 0))
+    for op_type, version in latest.items():
+        schema = onnx.defs.get_schema(op_type, version, "")
+        allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+        assert any("tensor(string)" in allowed.get(i.type_str, ()) for i in schema.inputs), (
+            op_type, version)
 
 
 # --- string ops --------------------------------------------------------------------------------

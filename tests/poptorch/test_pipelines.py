@@ -96,6 +96,24 @@ def test_pipelined_accumulation_equals_single_ipu_P37_P41(ipus):
         assert single_wrapper._active.placement.ipus_per_replica == 1
 
 
+@pytest.mark.parametrize("strategy", [poptorch.MeanReductionStrategy.Running,
+                                      poptorch.MeanReductionStrategy.Post])
+def test_pipelined_mean_accumulation_strategies_equal_eager_P37_P41(strategy):
+    """Training.setMeanAccumulationAndReplicationReductionStrategy under pipelining: Running
+    (a micro-batch counter per backward stage) and Post give the eager mean of the gradients."""
+    model = Chain(3, seed=5)
+    reference = copy.deepcopy(model)
+    poptorch.BeginBlock(model.layers[2], "last", ipu_id=1)
+    opts = _options(accumulation=4, iterations=2)
+    opts.Training.setMeanAccumulationAndReplicationReductionStrategy(strategy)
+    batches = _batches(2, 2 * 2 * 4, seed=6)
+    wrapper, outputs = _train(model, opts, batches)
+    assert wrapper._active.placement.pipelined
+    expected = run_reference(reference, _sgd(reference.parameters()), batches, opts)
+    assert_state_equal(model, reference, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(outputs[-1][1], expected[-1][1], rtol=1e-5, atol=1e-6)
+
+
 def test_sharded_execution_equals_plain_run_P42():
     model = Chain(3, seed=2)
     reference = copy.deepcopy(model)

@@ -9,6 +9,8 @@ import pytest
 
 import popart_backend as popart
 from popart_backend.device.simulator import SimulatedDevice
+from popart_backend.ir.op import ExecutionContext
+from popart_backend.ir.tensor import TensorKind, TensorRole
 from tests.session.pipeline_models import (
     MB,
     D,
@@ -244,11 +246,33 @@ def _graph_of(session):
     return session._ir.main
 
 
-def test_running_mean_with_pipelining_is_rejected_clearly():
-    proto, loss = _custom_model(GOOD)
-    opts = options(2, True, af=4,
+def test_running_mean_counts_micro_batches_per_stage_F73():
+    """Pipelined Running mean: one counter per backward stage, read by that stage's running
+    means, incremented on that stage after them, reset in the outer fragment (spec §5.3)."""
+    opts = options(3, True, af=5,
                    accumulationAndReplicationReductionType=popart.ReductionType.Mean,
                    meanAccumulationAndReplicationReductionStrategy=(
                        popart.MeanReductionStrategy.Running))
-    with pytest.raises(popart.popart_exception, match="MeanReductionStrategy.Running"):
-        _session(proto, loss, opts=opts)
+    session, _, _ = training_session(chain_weights(3), 3, opts, bps=1)
+    graph = _graph(session)
+    assert "Counter___accumulation" not in graph.tensors
+    order = {op.id: k for k, op in enumerate(graph.topo_order())}
+    means = [op for op in graph.ops_of_type("Accumulate")
+             if op.attrs.accumulation_type == "Mean"]
+    # w2's gradient is on the loss stage 2, w1's on 3, w0's on 4 (2L - s).
+    assert sorted((op.inputs[0].id, op.settings.pipeline_stage) for op in means) == [
+        ("Accum___w0", 4), ("Accum___w1", 3), ("Accum___w2", 2)]
+    for op in means:
+        stage, counter = op.settings.pipeline_stage, op.inputs[2]
+        assert counter.id == f"Counter___accumulation/stage{stage}"
+        assert counter.role is TensorRole.STEP and counter.kind is TensorKind.VARIABLE
+        writers = [c for c in counter.consumers if c is not op]
+        increment = next(c for c in writers if c.op_type == "Accumulate")
+        reset = next(c for c in writers if c.op_type == "AccumulatorScale")
+        assert len(writers) == 2
+        assert (increment.settings.pipeline_stage, increment.settings.ipu) == (
+            stage, op.settings.ipu)
+        assert increment.settings.execution_context is ExecutionContext.Normal
+        assert order[op.id] < order[increment.id] < order[reset.id]
+        assert reset.settings.execution_context is ExecutionContext.AccumulateOuterFragment
+        assert reset.attrs.factor == 0.0 and reset.settings.ipu == op.settings.ipu
