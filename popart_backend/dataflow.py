@@ -314,7 +314,8 @@ class PyStepIO:
     Input arrays are read front to back in ``nelms(T)`` chunks in ``[bps, af, rf, mb, *S]``
     order; the read position wraps to the start after the last chunk and persists between runs
     (it only matters when runtime asserts are off and an array holds more than one step).
-    Output arrays are filled the same way.
+    Output arrays are filled the same way. A sequence input or output takes a list of such
+    arrays, one per element, each with its own position; an absent optional takes None.
     """
 
     def __init__(self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]):
@@ -342,6 +343,10 @@ class PyStepIOCallback:
     ``input_callback(id, prefetch) -> ndarray`` of the tensor's shape,
     ``input_complete_callback(id)``, ``output_callback(id) -> ndarray`` to fill,
     ``output_complete_callback(id)``.
+
+    A sequence input or output (issue #7) is called back by its ONNX name with a list of
+    arrays, one per element, per micro-batch; an absent optional is never called back
+    (``onnx_value_io`` module docstring).
     """
 
     def __init__(self, input_callback: Callable, input_complete_callback: Callable,

@@ -139,6 +139,15 @@ def attribute_value(attr: onnx.AttributeProto):
     return value
 
 
+def split_annotations(node: onnx.NodeProto) -> tuple[dict, dict]:
+    """(ONNX attribute values, PopART ``__`` annotations) of a node."""
+    values, annotations = {}, {}
+    for attr in node.attribute:
+        target = annotations if attr.name.startswith(ANNOTATION_PREFIX) else values
+        target[attr.name] = attribute_value(attr)
+    return values, annotations
+
+
 def node_settings(node: onnx.NodeProto, annotations: dict) -> OpSettings:
     scope = node.name.rsplit("/", 1)[0] if "/" in node.name else ""
     recompute = annotations.get("__recompute_output_in_backward_pass")
@@ -265,10 +274,7 @@ def add_node(ir: Ir, node: onnx.NodeProto, strict: bool = True, scope: "_Scope |
         )
     cls, version = resolve(node.op_type, domain, opset, strict)
     where = f"{node.op_type} '{node.name or node.output[0]}'"
-    values, annotations = {}, {}
-    for attr in node.attribute:
-        target = annotations if attr.name.startswith(ANNOTATION_PREFIX) else values
-        target[attr.name] = attribute_value(attr)
+    values, annotations = split_annotations(node)
     attrs = make_attrs(cls, version, values, where)
     op = cls(attrs, node_settings(node, annotations), version)
     graph = scope.graph if scope is not None else ir.main
@@ -310,14 +316,15 @@ class _Scope:
     def add(self, node: onnx.NodeProto) -> None:
         """Import one node: a sequence op, a constant If (inlined) or an op."""
         if self.sequences.handles(node):
-            values = {a.name: attribute_value(a) for a in node.attribute}
-            self.sequences.add(node, values, node_settings(node, {}))
+            # The ops a sequence node becomes keep its placement (__ipu_number ...).
+            values, annotations = split_annotations(node)
+            self.sequences.add(node, values, node_settings(node, annotations))
             return
         if is_gradient_node(node):
             for name in node.input:
                 self.lookup(name, f"Gradient '{node.name}'")
-            values = {a.name: attribute_value(a) for a in node.attribute}
-            add_gradient(self.graph, node, values, node_settings(node, {}))
+            values, annotations = split_annotations(node)
+            add_gradient(self.graph, node, values, node_settings(node, annotations))
             return
         for name in node.input:
             if self.sequences.is_sequence(name):

@@ -66,6 +66,8 @@ class StaticSequences:
         self.scope = scope
         self.values: dict[str, list[str]] = {}
         self.absent: set[str] = set()
+        # Settings (placement) of the node that made each sequence, for the ops reading it out.
+        self.origin: dict[str, OpSettings] = {}
 
     def handles(self, node: onnx.NodeProto) -> bool:
         if node.domain not in ("", "ai.onnx"):
@@ -166,7 +168,13 @@ class StaticSequences:
             out = element_id(name, i)
             if out in self.graph.tensors:
                 out = self.graph.unique_id(out)
-            self._op("Identity", [tid], [out], OpSettings(name=name), f"output '{name}'")
+            # On the IPU (and pipeline stage) of the op that produced the element, or of the
+            # node that made the sequence when the element is a graph input.
+            producer = self.graph.tensors[tid].producer
+            placed = producer.settings if producer is not None else self.origin.get(name)
+            settings = (dataclasses.replace(placed, name=name) if placed is not None
+                        else OpSettings(name=name))
+            self._op("Identity", [tid], [out], settings, f"output '{name}'")
             self.graph.outputs.append(out)
             ids.append(out)
         io.outputs[name] = ids
@@ -176,6 +184,8 @@ class StaticSequences:
         where = f"{node.op_type} '{node.name or node.output[0]}'"
         handler = getattr(self, "_" + node.op_type)
         handler(node, attrs, settings, where)
+        for out in node.output:
+            self.origin.setdefault(out, settings)
 
     # --- helpers ------------------------------------------------------------------------------
 

@@ -307,7 +307,8 @@ class SessionBase:
             _log.debug("run '%s'", debugName)
         _log.log(_TRACE, "Session::run")
         if self._value_io:
-            stepio = self._value_io.flatten_step_io(stepio)
+            streams = {s.id: s.info for s in (*self._program.inputs, *self._program.anchors)}
+            stepio = self._value_io.flatten_step_io(stepio, streams)
         device.run(stepio)
         self._runs += 1
         self._profiled_runs += 1

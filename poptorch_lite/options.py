@@ -4,13 +4,15 @@ Setters return ``self`` so calls chain, check their argument types (``TypeError`
 option) and store typed values. An object handed to a wrapper or a DataLoader is frozen: later
 setters raise ``AttributeError`` ("frozen; use clone()"). ``to_backend()`` turns the values into a
 ``popart_backend.SessionOptions`` plus the DataFlow settings the wrapper needs.
+
+The enums live in option_enums.py, the sub-option groups (Training, Precision, ...) and the
+shared argument checks in option_groups.py, and the file / JSON conversions in option_files.py;
+every name stays importable from here.
 """
 
 from __future__ import annotations
 
-import ast
 import copy
-import enum
 import json
 import logging
 import os
@@ -20,6 +22,31 @@ import popart_backend as popart
 import torch
 
 from .errors import ConfigFileError, Error
+from .option_enums import (  # noqa: F401 - re-exported: the public names of this module
+    _ENUMS,
+    AnchorMode,
+    CommGroupType,
+    ConnectionType,
+    MeanReductionStrategy,
+    OutputMode,
+    ReductionType,
+    SyncPattern,
+)
+from .option_files import _apply_call, _from_plain, _literal, _to_plain  # noqa: F401
+from .option_groups import (  # noqa: F401 - re-exported for code that imported them from here
+    _MPI_ENV,
+    _TORCHRUN_ENV,
+    TensorLocationSettings,
+    _check_type,
+    _Distributed,
+    _Group,
+    _Jit,
+    _Popart,
+    _positive,
+    _Precision,
+    _TensorLocations,
+    _Training,
+)
 
 __all__ = [
     "CommGroupType",
@@ -35,334 +62,9 @@ __all__ = [
 
 _log = logging.getLogger("poptorch_lite")
 
-# Process id / count variables read when Distributed is not configured explicitly: the ones
-# setEnvVarNames names, else Open MPI's (PopTorch's default), else torchrun's (lite).
-_MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")
-_TORCHRUN_ENV = ("WORLD_SIZE", "RANK")
-
-
-class OutputMode(enum.IntEnum):
-    """Which micro-batches' outputs a call returns (spec §2.4)."""
-
-    All = 0
-    Final = 1
-    EveryN = 2
-    Sum = 3
-    Default = 4
-
-
-AnchorMode = OutputMode  # the name PopTorch used before 2022 (deprecated alias)
-
-
-class ReductionType(enum.IntEnum):
-    Sum = 0
-    Mean = 1
-    NoReduction = 2
-
-
-class MeanReductionStrategy(enum.IntEnum):
-    Running = 0
-    Post = 1
-    PostAndLoss = 2
-
-
-class ConnectionType(enum.IntEnum):
-    Always = 0
-    OnDemand = 1
-    Never = 2
-
-
-class SyncPattern(enum.IntEnum):
-    Full = 0
-    SinglePipeline = 1
-    ReplicaAndLadder = 2
-
-
-class CommGroupType(enum.IntEnum):
-    All = 0
-    Consecutive = 1
-    Orthogonal = 2
-    NoGrouping = 3
-
-
-_ENUMS = {cls.__name__: cls for cls in (OutputMode, ReductionType, MeanReductionStrategy,
-                                        ConnectionType, SyncPattern, CommGroupType)}
 _LOG_LEVELS = {"OFF": logging.CRITICAL + 10, "ERR": logging.ERROR, "WARN": logging.WARNING,
                "INFO": logging.INFO, "DEBUG": logging.DEBUG, "TRACE": logging.DEBUG,
                "TRACE_ALL": logging.DEBUG}
-
-
-def _check_type(option: str, value, types, what: str = ""):
-    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-        ok = False
-    else:
-        ok = isinstance(value, types)
-    if not ok:
-        names = what or (" or ".join(t.__name__ for t in types) if isinstance(types, tuple)
-                         else types.__name__)
-        raise TypeError(f"Options.{option}: expected {names}, got {type(value).__name__} "
-                        f"({value!r}).")
-    return value
-
-
-def _positive(option: str, value) -> int:
-    _check_type(option, value, int)
-    if value < 1:
-        raise ValueError(f"Options.{option}: must be >= 1, got {value}.")
-    return value
-
-
-class _Group:
-    """A set of options stored in ``root._values`` under ``prefix``; frozen with the root."""
-
-    _prefix = ""
-
-    def __init__(self, root: "Options"):
-        object.__setattr__(self, "_root", root)
-
-    def _set(self, key: str, value):
-        self._root._check_not_frozen(self._prefix + key)
-        self._root._values[self._prefix + key] = value
-        return self
-
-    def _get(self, key: str):
-        return self._root._values[self._prefix + key]
-
-    def __setattr__(self, name, value):
-        raise AttributeError(
-            f"Options{'.' + self._prefix.rstrip('.') if self._prefix else ''}: use the setter "
-            f"methods (e.g. {name}(...)) instead of assigning '{name}'.")
-
-
-class _Training(_Group):
-    _prefix = "Training."
-
-    def gradientAccumulation(self, gradient_accumulation: int):  # noqa: N802 - PopTorch's name
-        return self._set("gradientAccumulation",
-                         _positive("Training.gradientAccumulation", gradient_accumulation))
-
-    @property
-    def gradient_accumulation(self) -> int:
-        return self._get("gradientAccumulation")
-
-    def accumulationAndReplicationReductionType(self, reduction_type):  # noqa: N802
-        if not isinstance(reduction_type, ReductionType) or (
-                reduction_type is ReductionType.NoReduction):
-            raise ValueError(
-                "Options.Training.accumulationAndReplicationReductionType: expected "
-                f"ReductionType.Mean or ReductionType.Sum, got {reduction_type!r}.")
-        return self._set("accumulationAndReplicationReductionType", reduction_type)
-
-    def setMeanAccumulationAndReplicationReductionStrategy(self, strategy):  # noqa: N802
-        if not isinstance(strategy, MeanReductionStrategy):
-            raise ValueError(
-                "Options.Training.setMeanAccumulationAndReplicationReductionStrategy: expected a "
-                f"MeanReductionStrategy, got {strategy!r}.")
-        if strategy is MeanReductionStrategy.PostAndLoss:
-            warnings.warn("MeanReductionStrategy.PostAndLoss is deprecated; use Post.",
-                          DeprecationWarning, stacklevel=2)
-        return self._set("meanAccumulationAndReplicationReductionStrategy", strategy)
-
-    def setAutomaticLossScaling(self, enabled: bool):  # noqa: N802
-        return self._set("automaticLossScaling",
-                         _check_type("Training.setAutomaticLossScaling", enabled, bool))
-
-    def setConvolutionDithering(self, enabled: bool):  # noqa: N802
-        return self._set("convolutionDithering",
-                         _check_type("Training.setConvolutionDithering", enabled, bool))
-
-
-class _Precision(_Group):
-    _prefix = "Precision."
-
-    def setPartialsType(self, dtype):  # noqa: N802
-        if dtype not in (torch.float, torch.half):
-            raise ValueError(f"Options.Precision.setPartialsType: expected torch.float or "
-                             f"torch.half, got {dtype!r}.")
-        return self._set("partialsType", "float" if dtype is torch.float else "half")
-
-    def enableFloatingPointExceptions(self, enabled: bool):  # noqa: N802
-        return self._set("floatingPointExceptions",
-                         _check_type("Precision.enableFloatingPointExceptions", enabled, bool))
-
-    def enableStochasticRounding(self, enabled: bool):  # noqa: N802
-        return self._set("stochasticRounding",
-                         _check_type("Precision.enableStochasticRounding", enabled, bool))
-
-    def halfFloatCasting(self, *_args):  # noqa: N802
-        warnings.warn("Options.Precision.halfFloatCasting is deprecated and has no effect.",
-                      DeprecationWarning, stacklevel=2)
-        return self
-
-    def runningStatisticsAlwaysFloat(self, *_args):  # noqa: N802
-        warnings.warn("Options.Precision.runningStatisticsAlwaysFloat is deprecated and has no "
-                      "effect.", DeprecationWarning, stacklevel=2)
-        return self
-
-
-class TensorLocationSettings:
-    """Where a class of tensors lives (memory model only; spec P33)."""
-
-    def __init__(self):
-        self.values: dict = {}
-
-    def _flag(self, key, value, types=bool):
-        self.values[key] = _check_type(f"TensorLocationSettings.{key}", value, types)
-        return self
-
-    def useOnChipStorage(self, use: bool = True):  # noqa: N802
-        return self._flag("onChip", use)
-
-    def useReplicatedTensorSharding(self, use: bool = True):  # noqa: N802
-        return self._flag("useReplicatedTensorSharding", use)
-
-    def minElementsForOffChip(self, min_elements: int):  # noqa: N802
-        return self._flag("minElementsForOffChip", min_elements, int)
-
-    def minElementsForReplicatedTensorSharding(self, min_elements: int):  # noqa: N802
-        return self._flag("minElementsForReplicatedTensorSharding", min_elements, int)
-
-    def useIOTilesToLoad(self, use: bool = True):  # noqa: N802
-        return self._flag("useIOTilesToLoad", use)
-
-    def useIOTilesToStore(self, use: bool = True):  # noqa: N802
-        return self._flag("useIOTilesToStore", use)
-
-
-class _TensorLocations(_Group):
-    _prefix = "TensorLocations."
-
-    def numIOTiles(self, num_tiles: int):  # noqa: N802
-        _check_type("TensorLocations.numIOTiles", num_tiles, int)
-        if num_tiles % 2 or not 32 <= num_tiles <= 192:
-            raise ValueError(f"Options.TensorLocations.numIOTiles: must be even and in "
-                             f"[32, 192], got {num_tiles}.")
-        return self._set("numIOTiles", num_tiles)
-
-    def _location(self, key, settings):
-        _check_type(f"TensorLocations.{key}", settings, TensorLocationSettings)
-        return self._set(key, dict(settings.values))
-
-    def setActivationLocation(self, settings):  # noqa: N802
-        return self._location("activationLocation", settings)
-
-    def setWeightLocation(self, settings):  # noqa: N802
-        return self._location("weightLocation", settings)
-
-    def setOptimizerLocation(self, settings):  # noqa: N802
-        return self._location("optimizerLocation", settings)
-
-    def setAccumulatorLocation(self, settings):  # noqa: N802
-        return self._location("accumulatorLocation", settings)
-
-
-class _Distributed(_Group):
-    """Processes of a globally replicated job (P34): each holds ``replicationFactor`` local
-    replicas; the job has ``replicationFactor × numProcesses``. Unless configured, the process
-    id and count come from the environment: the variables ``setEnvVarNames`` names, else Open
-    MPI's ``OMPI_COMM_WORLD_RANK/SIZE``, else torchrun's ``RANK/WORLD_SIZE``; else 1 process."""
-
-    _prefix = "Distributed."
-
-    def configureProcessId(self, process_id: int, num_processes: int):  # noqa: N802
-        _check_type("Distributed.configureProcessId", process_id, int)
-        _positive("Distributed.configureProcessId", num_processes)
-        if not 0 <= process_id < num_processes:
-            raise ValueError(f"Options.Distributed.configureProcessId: process id {process_id} "
-                             f"is outside [0, {num_processes}).")
-        self._set("processId", process_id)
-        return self._set("numProcesses", num_processes)
-
-    def setEnvVarNames(self, var_num_processes: str, var_process_id: str):  # noqa: N802
-        _check_type("Distributed.setEnvVarNames", var_num_processes, str)
-        _check_type("Distributed.setEnvVarNames", var_process_id, str)
-        self._set("envNumProcesses", var_num_processes)
-        return self._set("envProcessId", var_process_id)
-
-    def disable(self):
-        """One process, whatever the environment says."""
-        self._set("processId", 0)
-        return self._set("numProcesses", 1)
-
-    def _from_env(self) -> tuple[int, int] | None:
-        values = self._root._values
-        names = [(values.get("Distributed.envNumProcesses"),
-                  values.get("Distributed.envProcessId"))]
-        if names[0][0] is None:
-            names = [_MPI_ENV, _TORCHRUN_ENV]
-        for size_var, rank_var in names:
-            size, rank = os.environ.get(size_var), os.environ.get(rank_var)
-            if size is None and rank is None:
-                continue
-            try:
-                size_i, rank_i = int(size if size is not None else 1), int(rank or 0)
-            except ValueError:
-                raise ValueError(f"Options.Distributed: {size_var}={size!r} / {rank_var}="
-                                 f"{rank!r} are not integers.") from None
-            if size_i < 1 or not 0 <= rank_i < size_i:
-                raise ValueError(f"Options.Distributed: {rank_var}={rank_i} is outside [0, "
-                                 f"{size_var}={size_i}).")
-            return rank_i, size_i
-        return None
-
-    def _resolved(self) -> tuple[int, int]:
-        pid, count = self._get("processId"), self._get("numProcesses")
-        if pid is not None:
-            return pid, count
-        return self._from_env() or (0, 1)
-
-    @property
-    def processId(self) -> int:  # noqa: N802
-        return self._resolved()[0]
-
-    @property
-    def numProcesses(self) -> int:  # noqa: N802
-        return self._resolved()[1]
-
-    @property
-    def localProcessId(self) -> int:  # noqa: N802
-        """(lite) This process's index on its host: torchrun's LOCAL_RANK (or Open MPI's)."""
-        for name in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"):
-            if os.environ.get(name, "").isdigit():
-                return int(os.environ[name])
-        return self.processId
-
-
-class _Jit(_Group):
-    _prefix = "Jit."
-
-    def traceModel(self, trace_model: bool):  # noqa: N802
-        if trace_model:
-            raise ValueError("Options.Jit.traceModel(True): the TorchScript tracing frontend is "
-                             "gone; poptorch_lite captures models with torch.export. Use "
-                             "Options.Jit.exporter('torchscript') for the legacy ONNX exporter.")
-        warnings.warn("Options.Jit.traceModel is deprecated and has no effect.",
-                      DeprecationWarning, stacklevel=2)
-        return self
-
-    def exporter(self, name: str):
-        """(lite) ``"dynamo"`` (default: torch.export) or ``"torchscript"`` (legacy, opt-in)."""
-        if name not in ("dynamo", "torchscript"):
-            raise ValueError(f"Options.Jit.exporter: expected 'dynamo' or 'torchscript', got "
-                             f"{name!r}.")
-        return self._set("exporter", name)
-
-
-class _Popart(_Group):
-    _prefix = "_Popart."
-
-    def set(self, key: str, value):
-        _check_type("_Popart.set", key, str)
-        options = dict(self._get("options"))
-        options[key] = value
-        return self._set("options", options)
-
-    def setPatterns(self, patterns: dict, level: int = 2):  # noqa: N802
-        self._set("patternsLevel", level)
-        return self._set("patterns", dict(patterns))
-
-    def setEngineOptions(self, engine_options: dict):  # noqa: N802
-        return self._set("engineOptions", dict(engine_options))
 
 
 _DEFAULTS = {
@@ -754,67 +456,3 @@ class Options:
             opts.globalReplicationFactor = replicas * processes
             opts.globalReplicaOffset = process_id * replicas
 
-
-def _to_plain(value):
-    if isinstance(value, enum.Enum):
-        return f"{type(value).__name__}.{value.name}"
-    if isinstance(value, tuple):
-        return [_to_plain(v) for v in value]
-    if isinstance(value, list):
-        return [_to_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _to_plain(v) for k, v in value.items()}
-    if hasattr(value, "__dict__") and not isinstance(value, (int, float, str)):
-        return repr(value)
-    return value
-
-
-def _from_plain(value):
-    if isinstance(value, str) and "." in value:
-        cls_name, _, member = value.partition(".")
-        if cls_name in _ENUMS:
-            return _ENUMS[cls_name][member]
-    if isinstance(value, list):
-        return [_from_plain(v) for v in value]
-    return value
-
-
-def _apply_call(options: Options, line: str) -> None:
-    """Run one ``Group.setter(args)`` line against ``options`` with literal-only arguments."""
-    tree = ast.parse(line, mode="eval").body
-    if not isinstance(tree, ast.Call):
-        raise SyntaxError("expected a setter call such as deviceIterations(4)")
-    path = []
-    func = tree.func
-    while isinstance(func, ast.Attribute):
-        path.append(func.attr)
-        func = func.value
-    if not isinstance(func, ast.Name):
-        raise SyntaxError("expected a setter call such as deviceIterations(4)")
-    path.append(func.id)
-    path.reverse()
-    if path[0] in ("poptorch", "poptorch_lite", "options", "opts"):
-        path = path[1:]
-    target = options
-    for name in path:
-        if name.startswith("__"):
-            raise AttributeError(f"invalid option name {name!r}")
-        target = getattr(target, name)
-    args = [_literal(a) for a in tree.args]
-    kwargs = {k.arg: _literal(k.value) for k in tree.keywords}
-    target(*args, **kwargs)
-
-
-def _literal(node):
-    """A literal, an enum member (``OutputMode.All``) or ``torch.float``/``torch.half``."""
-    if isinstance(node, ast.Attribute):
-        owner = node.value
-        if isinstance(owner, ast.Attribute):
-            owner = ast.Name(id=owner.attr)
-        if isinstance(owner, ast.Name):
-            if owner.id in _ENUMS:
-                return _ENUMS[owner.id][node.attr]
-            if owner.id == "torch" and node.attr in ("float", "float32", "half", "float16"):
-                return getattr(torch, node.attr)
-        raise ValueError(f"unsupported value {ast.unparse(node)}")
-    return ast.literal_eval(node)

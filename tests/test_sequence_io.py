@@ -3,7 +3,8 @@ SequenceMap, If / Loop over sequences, and the preview-training Gradient op (spe
 issue #7), against onnxruntime, the ONNX reference implementation and torch.autograd.
 
 Sequence inputs are fed as python lists, absent optionals as None; their lengths and element
-shapes come from InputShapeInfo and are static per compiled session.
+shapes come from InputShapeInfo and are static per compiled session. Through a
+PyStepIOCallback (F28) a sequence's callbacks take and return one list per micro-batch.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def _opt_tensor(name, elem=F, shape=None):
     return helper.make_value_info(name, helper.make_optional_type_proto(tensor))
 
 
-def _session(model, shapes: dict, outputs: list[str]):
+def _session(model, shapes: dict, outputs: list[str], bps: int = 1, rf: int = 1):
     """An InferenceSession of ``model``; ``shapes`` is what InputShapeInfo gets per input."""
     info = popart.InputShapeInfo()
     for name, value in shapes.items():
@@ -53,10 +54,15 @@ def _session(model, shapes: dict, outputs: list[str]):
             info.add(name, [popart.TensorInfo(v) for v in value])
         else:
             info.add(name, popart.TensorInfo(value))
-    flow = popart.DataFlow(1, {o: popart.AnchorReturnType("All") for o in outputs})
-    session = popart.InferenceSession(model.SerializeToString(), flow,
-                                      popart.DeviceManager().createCpuDevice(),
-                                      inputShapeInfo=info)
+    flow = popart.DataFlow(bps, {o: popart.AnchorReturnType("All") for o in outputs})
+    options = popart.SessionOptions()
+    device = popart.DeviceManager().createCpuDevice()
+    if rf > 1:
+        options.enableReplicatedGraphs = True
+        options.replicatedGraphCount = rf
+        device = popart.DeviceManager().createIpuModelDevice({"numIPUs": rf})
+    session = popart.InferenceSession(model.SerializeToString(), flow, device,
+                                      inputShapeInfo=info, userOptions=options)
     session.prepareDevice()
     return session
 
@@ -307,6 +313,233 @@ def test_sequence_io_matches_onnxruntime():
     assert_close(ours["r"], theirs["r"], "r")
 
 
+# --- PyStepIOCallback and multi-batch PyStepIO (F28, F30) -----------------------------------
+
+
+def _insert_model():
+    """out = s + [Relu(t)] (a sequence), r = Relu(t)."""
+    nodes = [helper.make_node("Relu", ["t"], ["r"]),
+             helper.make_node("SequenceInsert", ["s", "r"], ["out"])]
+    return _model(nodes, [_seq("s"), helper.make_tensor_value_info("t", F, [3])],
+                  [_seq("out"), helper.make_tensor_value_info("r", F, [3])])
+
+
+_SHAPES = {"s": [np.zeros((2, 3), np.float32), np.zeros(4, np.float32)],
+           "t": np.zeros(3, np.float32)}
+
+
+def _batches(count, seed):
+    """Per micro-batch: the list for s and the array for t."""
+    rng = np.random.default_rng(seed)
+    seqs = [[rng.standard_normal(a.shape).astype(np.float32) for a in _SHAPES["s"]]
+            for _ in range(count)]
+    ts = [rng.standard_normal(3).astype(np.float32) for _ in range(count)]
+    return seqs, ts
+
+
+class _Recorder:
+    """Callbacks serving one list / array per micro-batch and keeping the output lists."""
+
+    def __init__(self, seqs, ts):
+        self.seqs, self.ts = seqs, ts
+        self.calls, self.outputs = [], {"out": [], "r": []}
+
+    def input(self, name, prefetch):
+        self.calls.append(("in", name))
+        served = sum(1 for c in self.calls if c == ("in", name)) - 1
+        return (self.seqs if name == "s" else self.ts)[served]
+
+    def input_complete(self, name):
+        self.calls.append(("in_done", name))
+
+    def output(self, name):
+        self.calls.append(("out", name))
+        buffer = ([np.zeros((2, 3), np.float32), np.zeros(4, np.float32),
+                   np.zeros(3, np.float32)] if name == "out" else np.zeros(3, np.float32))
+        self.outputs[name].append(buffer)
+        return buffer
+
+    def output_complete(self, name):
+        self.calls.append(("out_done", name))
+
+    def step_io(self):
+        return popart.PyStepIOCallback(self.input, self.input_complete, self.output,
+                                       self.output_complete)
+
+
+@pytest.mark.parametrize("rf", [1, 2])
+def test_sequence_callbacks_match_pystepio_and_numpy(rf):
+    """A sequence input's callback returns one list per micro-batch (per replica), a sequence
+    output's callback one list of buffers; complete callbacks follow each; results equal
+    PyStepIO's and numpy's, over batchesPerStep = 3 and two runs."""
+    bps = 3
+    n = bps * rf  # micro-batches per run, in (b, r) order
+    seqs, ts = _batches(2 * n, seed=1)
+    session = _session(_insert_model(), _SHAPES, ["out", "r"], bps=bps, rf=rf)
+    recorder = _Recorder(seqs, ts)
+    for _ in range(2):
+        session.run(recorder.step_io())
+    for k in range(2 * n):
+        relu = np.maximum(ts[k], 0)
+        _assert_same(recorder.outputs["out"][k], seqs[k] + [relu], f"callback out, batch {k}")
+        assert_close(recorder.outputs["r"][k], relu, f"callback r, batch {k}")
+    for name, kind in (("s", "in"), ("t", "in"), ("out", "out"), ("r", "out")):
+        mine = [c for c in recorder.calls if c[1] == name]
+        assert mine == [(kind, name), (f"{kind}_done", name)] * (2 * n), (name, mine)
+    # The same data through PyStepIO: one [bps, (rf,) *S] array per element.
+    anchors = session.initAnchorArrays()
+    for step in range(2):
+        part = slice(step * n, (step + 1) * n)
+        lead = (bps, rf) if rf > 1 else (bps,)
+        feeds = {"s": [np.stack([q[i] for q in seqs[part]]).reshape(*lead, *_SHAPES["s"][i].shape)
+                       for i in range(2)],
+                 "t": np.stack(ts[part]).reshape(*lead, 3)}
+        session.run(popart.PyStepIO(feeds, anchors))
+        for k in range(n):
+            got = [a.reshape(n, *a.shape[1 + (rf > 1):])[k] for a in anchors["out"]]
+            _assert_same(got, recorder.outputs["out"][step * n + k], f"PyStepIO step {step}")
+
+
+def test_optional_inputs_and_outputs_through_callbacks():
+    """A present optional is a tensor (its callback returns an array); an absent optional
+    input or output is never called back."""
+    nodes = [helper.make_node("OptionalHasElement", ["o"], ["has"]),
+             helper.make_node("Identity", ["o"], ["same"]),
+             helper.make_node("Neg", ["t"], ["y"])]
+    outputs = [helper.make_tensor_value_info("has", TensorProto.BOOL, []), _opt_tensor("same"),
+               helper.make_tensor_value_info("y", F, [2])]
+    model = _model(nodes, [_opt_tensor("o"), helper.make_tensor_value_info("t", F, [2])],
+                   outputs)
+    t, o = rand(2), rand(2)
+    for present in (True, False):
+        shapes = {"o": o if present else None, "t": t}
+        session = _session(model, shapes, ["has", "same", "y"])
+        calls, got = [], {}
+
+        def output(name, got=got, calls=calls):
+            calls.append(name)
+            got[name] = np.zeros((2,) if name != "has" else (), np.float32 if name != "has"
+                                 else np.bool_)
+            return got[name]
+
+        session.run(popart.PyStepIOCallback(
+            lambda name, prefetch, calls=calls: calls.append(name) or {"o": o, "t": t}[name],
+            lambda name: None, output, lambda name: None))
+        expected_calls = ["o", "t", "has", "same", "y"] if present else ["t", "has", "y"]
+        assert sorted(calls) == sorted(expected_calls), (present, calls)
+        assert got["has"] == np.array(present)
+        assert_close(got["y"], -t)
+        if present:
+            assert_close(got["same"], o)
+
+
+def test_sequence_callback_errors_name_the_sequence():
+    session = _session(_insert_model(), _SHAPES, ["out", "r"])
+    good = [np.zeros((2, 3), np.float32), np.zeros(4, np.float32)]
+    outputs = {"out": [np.zeros((2, 3), np.float32), np.zeros(4, np.float32),
+                       np.zeros(3, np.float32)], "r": np.zeros(3, np.float32)}
+
+    def run(s_value, out_value=None):
+        feeds = {"s": s_value, "t": np.zeros(3, np.float32)}
+        outs = dict(outputs, out=outputs["out"] if out_value is None else out_value)
+        session.run(popart.PyStepIOCallback(lambda name, prefetch: feeds[name],
+                                            lambda name: None, lambda name: outs[name],
+                                            lambda name: None))
+
+    run(good)
+    with pytest.raises(popart_exception, match=r"input_callback\('s'\) returned a list of 3.*"
+                                               r"compiled with 2 elements"):
+        run(good + [np.zeros(1, np.float32)])
+    with pytest.raises(popart_exception, match=r"input_callback\('s'\) returned ndarray"):
+        run(good[0])
+    with pytest.raises(popart_exception, match=r"'s'\) element 1 has shape \[5\].*\[4\]"):
+        run([good[0], np.zeros(5, np.float32)])
+    with pytest.raises(popart_exception, match=r"output_callback\('out'\) returned a list of 2"):
+        run(good, outputs["out"][:2])
+    with pytest.raises(popart_exception, match=r"'out'\) element 2 has shape \[2\]"):
+        run(good, outputs["out"][:2] + [np.zeros(2, np.float32)])
+
+
+def test_sequence_callbacks_in_a_pipeline():
+    """Pipelined (Auto virtual graphs, 2 IPUs): list k answers micro-batch k though the
+    pipeline fetches ahead of its outputs."""
+    nodes = [helper.make_node("SequenceAt", ["s", "zero"], ["e0"]),
+             helper.make_node("Relu", ["e0"], ["a"]),
+             helper.make_node("SequenceAt", ["s", "one"], ["e1"]),
+             helper.make_node("Add", ["a", "e1"], ["y"]),
+             helper.make_node("SequenceConstruct", ["a", "y"], ["out"])]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array(1, np.int64), "one")]
+    model = _model(nodes, [_seq("s")], [_seq("out")], inits)
+    info = popart.InputShapeInfo()
+    info.add("s", [popart.TensorInfo("FLOAT", [3])] * 2)
+    options = popart.SessionOptions()
+    options.enablePipelining = True
+    options.virtualGraphMode = popart.VirtualGraphMode.Auto
+    bps = 4
+    session = popart.InferenceSession(
+        model.SerializeToString(), popart.DataFlow(bps, {"out": popart.AnchorReturnType("All")}),
+        popart.DeviceManager().createIpuModelDevice({"numIPUs": 2}), inputShapeInfo=info,
+        userOptions=options)
+    session.prepareDevice()
+    seqs, _ = _batches(bps, seed=3)
+    seqs = [[q[0][0], q[0][1]] for q in seqs]  # two elements of shape [3]
+    recorder = _Recorder(seqs, [])
+    recorder.output = lambda name: recorder.outputs["out"].append(
+        [np.zeros(3, np.float32), np.zeros(3, np.float32)]) or recorder.outputs["out"][-1]
+    session.run(recorder.step_io())
+    assert len(recorder.outputs["out"]) == bps
+    for k, (got, q) in enumerate(zip(recorder.outputs["out"], seqs)):
+        relu = np.maximum(q[0], 0)
+        _assert_same(got, [relu, relu + q[1]], f"micro-batch {k}")
+
+
+def test_element_requests_out_of_order_are_gathered_per_micro_batch():
+    """The device may ask for element 0 of later micro-batches before element 1 of earlier
+    ones (elements on different pipeline stages): list k still answers the k-th request of
+    each element, and completes once every element has completed it."""
+    from popart_backend.ir.tensor import TensorInfo
+    from popart_backend.onnx_value_io import ValueIO
+
+    io = ValueIO(inputs={"s": ["s[0]", "s[1]"]})
+    info = TensorInfo.of(np.zeros(1, np.float32))
+    lists = [[np.full(1, 10 * k + i, np.float32) for i in range(2)] for k in range(3)]
+    calls = []
+
+    def fetch(name, prefetch):
+        calls.append(("in", name))
+        return lists[sum(1 for c in calls if c[0] == "in") - 1]
+
+    user = popart.PyStepIOCallback(fetch, lambda name: calls.append(("done", name)),
+                                   lambda name: None, lambda name: None)
+    flat = io.flatten_step_io(user, {"s[0]": info, "s[1]": info})
+    order = [("s[0]", 0), ("s[0]", 1), ("s[1]", 0), ("s[0]", 2), ("s[1]", 1), ("s[1]", 2)]
+    for tensor_id, k in order:
+        assert flat.input_callback(tensor_id, False)[0] == 10 * k + int(tensor_id[2])
+        flat.input_complete_callback(tensor_id)
+    assert calls == [("in", "s"), ("in", "s"), ("done", "s"), ("in", "s"), ("done", "s"),
+                     ("done", "s")]
+
+
+def test_pystepio_sequence_position_advances_across_runs():
+    """Arrays holding several steps (runtime asserts off) are read step after step and wrap,
+    for sequence elements exactly as for the plain tensor t, with one PyStepIO over runs."""
+    bps, steps = 2, 3
+    seqs, ts = _batches(bps * steps, seed=2)
+    session = _session(_insert_model(), _SHAPES, ["out", "r"], bps=bps)
+    anchors = session.initAnchorArrays()
+    feeds = {"s": [np.stack([q[i] for q in seqs]) for i in range(2)], "t": np.stack(ts)}
+    stepio = popart.PyStepIO(feeds, anchors)
+    stepio.enableRuntimeAsserts(False)
+    for run in range(steps + 1):  # the last run wraps to the start
+        session.run(stepio)
+        for b in range(bps):
+            k = (run % steps) * bps + b
+            relu = np.maximum(ts[k], 0)
+            _assert_same([a[b] for a in anchors["out"]], seqs[k] + [relu], f"run {run}[{b}]")
+            assert_close(anchors["r"][b], relu, f"r run {run}[{b}]")
+
+
 # --- Gradient (ai.onnx.preview.training) ---------------------------------------------------
 
 
@@ -343,7 +576,8 @@ def test_gradient_op_against_torch_autograd():
 
 def test_gradient_op_of_an_unrelated_input_is_zero_and_errors():
     nodes = [helper.make_node("Mul", ["a", "a"], ["y"])]
-    inputs = [helper.make_tensor_value_info("a", F, [3]), helper.make_tensor_value_info("b", F, [3])]
+    inputs = [helper.make_tensor_value_info("a", F, [3]),
+              helper.make_tensor_value_info("b", F, [3])]
     model = _gradient_model(["a", "b"], [], "y", nodes, inputs,
                             [helper.make_tensor_value_info("y", F, [3])])
     feeds = {"a": rand(3), "b": rand(3)}
@@ -354,3 +588,37 @@ def test_gradient_op_of_an_unrelated_input_is_zero_and_errors():
                             [helper.make_tensor_value_info("y", F, [3])])
     with pytest.raises(popart_exception, match="Gradient.*'nope'.*not tensors"):
         _session(model, {"a": rand(3)}, ["d_a"])
+
+
+def test_sequence_ops_keep_their_manual_placement():
+    """Sequence nodes annotated with __ipu_number place the ops they become (and the Identities
+    that read a sequence output out) on that IPU, so VirtualGraphMode.Manual accepts the model."""
+    from onnx import numpy_helper
+
+    def placed(node, ipu):
+        node.attribute.append(helper.make_attribute("__ipu_number", ipu))
+        return node
+
+    nodes = [placed(helper.make_node("Relu", ["x"], ["r"]), 0),
+             placed(helper.make_node("SequenceConstruct", ["r", "x"], ["s"]), 0),
+             placed(helper.make_node("SequenceAt", ["s", "one"], ["a"]), 1),
+             placed(helper.make_node("Neg", ["a"], ["y"]), 1)]
+    element = helper.make_tensor_type_proto(TensorProto.FLOAT, [2, 3])
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
+         helper.make_value_info("s", helper.make_sequence_type_proto(element))],
+        initializer=[numpy_helper.from_array(np.array(1, np.int64), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    options = popart.SessionOptions()
+    options.virtualGraphMode = popart.VirtualGraphMode.Manual
+    session = popart.InferenceSession(
+        model.SerializeToString(), popart.DataFlow(1, ["y", "s"]),
+        popart.DeviceManager().createIpuModelDevice({"numIPUs": 2}), userOptions=options)
+    session.prepareDevice()
+    anchors = session.initAnchorArrays()
+    x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    session.run(popart.PyStepIO({"x": x}, anchors))
+    np.testing.assert_array_equal(anchors["y"], -x)
+    np.testing.assert_array_equal(anchors["s"][0], np.maximum(x, 0))
+    np.testing.assert_array_equal(anchors["s"][1], x)

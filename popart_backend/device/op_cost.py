@@ -1,0 +1,153 @@
+"""Per-op cost of the simulated IPU (DESIGN decision 8; spec Appendix A, F56): one op is one
+BSP superstep on its IPU (``OpSettings.ipu``; None is IPU 0):
+
+    compute  = max(FLOPs / rate, bytes moved / SRAM bandwidth) · clock
+    exchange = exchanged bytes / exchange bandwidth · clock
+    cycles   = compute + exchange + sync latency
+
+with FLOPs and bytes from ``Op.cost()``. ``rate`` is the AMP peak for the op's dtype times
+``amp_efficiency`` for ops with ``uses_amp`` (MatMul, Gemm, Conv, ...), else the vector units'
+rate; both, and the SRAM bandwidth, are scaled by the share of tiles the op has work on (the
+tiles of its largest operand under the linear mapping of device/memory.py). Exchanged bytes:
+the computed (non-variable, non-constant) inputs of an AMP op, which are broadcast to the tiles
+computing partial products, and of other ops each computed input whose size differs from the
+output's (elementwise ops read inputs mapped like their output). Variables and constants are
+laid out at compile time for the op that reads them, so they are not exchanged.
+
+A cross-replica collective (``ReplicatedAllReduce`` and the sharding collectives) also crosses
+the IPU-Links as a ring (``collective_cycles``): an all-reduce over a group of k replicas moves
+2(k−1)/k of the tensor's bytes through each IPU's links, a reduce-scatter or all-gather (k−1)/k
+of the whole tensor, plus one IPU sync.
+
+The conversions every part of the cycle model shares live here too: seconds to cycles, one
+host-link transfer with its sync, and an IPU spec narrowed to the tiles left after IO tiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from ..ir.op import ExecutionContext, Op
+from ..ir.tensor import TensorKind
+from .spec import IpuSpec
+
+# Tensors whose tile layout is chosen at compile time for the op reading them.
+_LAID_OUT = (TensorKind.VARIABLE, TensorKind.CONST)
+
+
+@dataclass(frozen=True)
+class OpCycles:
+    """The cost of one execution of one op."""
+
+    position: int  # in the schedule
+    op_id: int
+    name: str  # debug name
+    op_type: str
+    ipu: int
+    context: ExecutionContext
+    flops: int
+    bytes_moved: int
+    exchange_bytes: int
+    tiles_used: int
+    compute_cycles: int
+    exchange_cycles: int
+    sync_cycles: int
+    # Cross-replica traffic of a collective over the IPU-Links (0 for other ops).
+    collective_cycles: int = 0
+    stage: int | None = None  # pipeline stage (None: not pipelined, or outer fragment)
+    between_cycles: bool = False  # an IpuCopy: runs in the exchange at the end of a cycle
+
+    @property
+    def cycles(self) -> int:
+        return (self.compute_cycles + self.exchange_cycles + self.sync_cycles
+                + self.collective_cycles)
+
+
+def _seconds_to_cycles(seconds: float, spec: IpuSpec) -> int:
+    return math.ceil(seconds * spec.clock_hz)
+
+
+def _tiles_for(num_bytes: int, spec: IpuSpec) -> int:
+    return max(1, min(spec.num_tiles, math.ceil(num_bytes / spec.tile_grain_bytes)))
+
+
+def collective_cycles(op: Op, spec: IpuSpec, replicas: int) -> int:
+    """IPU-Link cycles of a cross-replica collective over ``replicas`` replicas (0 for other
+    ops, or one replica): a ring over each group of k replicas moves 2(k−1)/k of the bytes for
+    an all-reduce, (k−1)/k of the whole tensor for a reduce-scatter or all-gather, plus one
+    IPU sync."""
+    if not getattr(op, "collective", False) or replicas <= 1:
+        return 0
+    k = max(len(g) for g in op.groups(replicas))
+    if k <= 1:
+        return 0
+    if op.op_type == "ReplicatedAllReduce":
+        moved = 2 * (k - 1) / k * op.inputs[0].info.num_bytes
+    else:
+        # The whole tensor: the reduce-scatter's input, the all-gather's output.
+        whole = max(op.inputs[0].info.num_bytes, op.outputs[0].info.num_bytes)
+        moved = (k - 1) / k * whole
+    return _seconds_to_cycles(moved / spec.ipu_link_bytes_per_s, spec) + (
+        spec.ipu_sync_latency_cycles)
+
+
+def op_cycles(op: Op, spec: IpuSpec, position: int = 0, replicas: int = 1) -> OpCycles:
+    """The cycles of one execution of ``op`` on an IPU of ``spec``, in a program of
+    ``replicas`` replicas (collectives cross the IPU-Links between them)."""
+    flops, moved = op.cost()
+    ins = [t.info for t in op.inputs if t is not None]
+    outs = [t.info for t in op.outputs if t is not None]
+    largest = max((i.num_bytes for i in (*ins, *outs)), default=0)
+    tiles = _tiles_for(largest, spec)
+    share = tiles / spec.num_tiles
+    info = outs[0] if outs else (ins[0] if ins else None)
+    dtype = info.dtype.short if info is not None else "f32"
+    rate = (spec.peak_flops(dtype) * spec.amp_efficiency if op.uses_amp
+            else spec.vector_flops(dtype)) * share
+    compute_s = max(flops / rate, moved / (spec.sram_bytes_per_s * share))
+    out_bytes = outs[0].num_bytes if outs else 0
+    exchange = sum(t.info.num_bytes for t in op.inputs
+                   if t is not None and t.kind not in _LAID_OUT
+                   and (op.uses_amp or t.info.num_bytes != out_bytes))
+    return OpCycles(
+        position=position,
+        op_id=op.id,
+        name=op.debug_name,
+        op_type=op.op_type,
+        ipu=op.settings.ipu or 0,
+        context=op.settings.execution_context,
+        flops=int(flops),
+        bytes_moved=int(moved),
+        exchange_bytes=int(exchange),
+        tiles_used=tiles,
+        compute_cycles=_seconds_to_cycles(compute_s, spec),
+        exchange_cycles=_seconds_to_cycles(exchange / spec.exchange_bytes_per_s, spec),
+        sync_cycles=spec.sync_latency_cycles,
+        collective_cycles=collective_cycles(op, spec, replicas),
+        stage=(op.settings.pipeline_stage
+               if op.settings.execution_context is ExecutionContext.Normal else None),
+        between_cycles=bool(getattr(op, "runs_between_cycles", False)),
+    )
+
+
+def _with_tiles(spec: IpuSpec, tiles: int) -> IpuSpec:
+    """``spec`` with only ``tiles`` tiles computing: whole-IPU rates scale with the tiles."""
+    if tiles == spec.num_tiles:
+        return spec
+    share = tiles / spec.num_tiles
+    return dataclasses.replace(
+        spec, num_tiles=tiles,
+        peak_flops_f32=spec.peak_flops_f32 * share, peak_flops_f16=spec.peak_flops_f16 * share,
+        exchange_bytes_per_s=spec.exchange_bytes_per_s * share,
+        sram_bytes_per_s=spec.sram_bytes_per_s * share,
+        vector_flops_f32=spec.vector_flops_f32 * share,
+        vector_flops_f16=spec.vector_flops_f16 * share,
+    )
+
+
+def _host_transfer_cycles(num_bytes: int, spec: IpuSpec) -> int:
+    """One transfer over the host link (or to streaming memory) with its sync."""
+    return (_seconds_to_cycles(num_bytes / spec.host_link_bytes_per_s, spec)
+            + spec.ipu_sync_latency_cycles)
