@@ -48,6 +48,11 @@ class OptimizerUpdate(Op):
         self._const = {name: float(getattr(self.attrs, name)) for name in self.HYPER}
         self._divide_loss_scaling = "loss_scaling" in self.attrs.dynamic
 
+    def extra_inputs(self) -> int:
+        """Inputs after the dynamic hyper-parameters (the whole-weight Lamb norms of a
+        sharded update); passed to ``update`` after the state."""
+        return 0
+
     def infer(self, weight, grad, *rest):
         unknown = [d for d in self.attrs.dynamic if d not in self.HYPER]
         if unknown:
@@ -62,11 +67,13 @@ class OptimizerUpdate(Op):
                     f"{self.debug_name}: mode '{mode}' unknown; use one of {list(self.MODES)}."
                 )
         n = len(self.STATE)
-        if len(rest) != n + 1 + len(self.attrs.dynamic):
+        extra = self.extra_inputs()
+        if len(rest) != n + 1 + len(self.attrs.dynamic) + extra:
             raise ShapeError(
                 f"{self.debug_name}: expects (weight, gradient, {', '.join(self.STATE)}, "
-                f"clip factor, {', '.join(self.attrs.dynamic)}) = "
-                f"{3 + n + len(self.attrs.dynamic)} inputs (absent ones as ''), "
+                f"clip factor, {', '.join(self.attrs.dynamic)}"
+                f"{', whole-weight norms' if extra else ''}) = "
+                f"{3 + n + len(self.attrs.dynamic) + extra} inputs (absent ones as ''), "
                 f"got {2 + len(rest)}."
             )
         if grad.shape != weight.shape:
@@ -78,18 +85,27 @@ class OptimizerUpdate(Op):
                 raise ShapeError(
                     f"{self.debug_name}: state '{name}' is {info}, the weight is {weight}."
                 )
-        for name, info in zip(("clip factor", *self.attrs.dynamic), rest[n:]):
+        for name, info in zip(("clip factor", *self.attrs.dynamic), rest[n : n + 1 + len(
+                self.attrs.dynamic)]):
             if info is not None and info.nelms != 1:
                 raise ShapeError(f"{self.debug_name}: '{name}' must be a scalar, got {info}.")
         return weight
 
     def kernel(self, weight, grad, *rest):
+        g, h = self._scaled_gradient(grad, rest)
+        n = len(self.STATE)
+        self.update(weight, g, h, *rest[:n], *rest[n + 1 + len(self.attrs.dynamic) :])
+        return weight
+
+    def _scaled_gradient(self, grad, rest):
+        """The un-loss-scaled, clipped gradient in the state's dtype, and the hyper-parameters."""
         n = len(self.STATE)
         clip = rest[n]
         h = self._const
         if self.attrs.dynamic:
             h = dict(h)
-            for name, value in zip(self.attrs.dynamic, rest[n + 1 :]):
+            dynamic = rest[n + 1 : n + 1 + len(self.attrs.dynamic)]
+            for name, value in zip(self.attrs.dynamic, dynamic):
                 h[name] = float(value)
         factor = self.attrs.grad_scale
         if clip is not None:
@@ -104,8 +120,7 @@ class OptimizerUpdate(Op):
         g = grad.to(state_dtype)
         if factor != 1.0:
             g = g * factor  # out of place: the gradient tensor may be read elsewhere
-        self.update(weight, g, h, *rest[:n])
-        return weight
+        return g, h
 
     def update(self, weight, grad, h, *state) -> None:
         raise NotImplementedError
@@ -192,6 +207,10 @@ class AdamUpdate(OptimizerUpdate):
 
     ε is added to √v̂ as torch does. ``scaled_state`` keeps m and v multiplied by lossScaling and
     lossScaling² (PopART's scaled_optimizer_state, for fp16 state); the step is unchanged.
+
+    ``sharded_norms`` (Lamb on replicated shards, transforms/rts.py): w, g, m and v are shards, so
+    ‖w‖ and ‖u‖ come from one more input, (Σw², Σu²) of the whole weight, made by
+    ``LambSquareNorms`` on each shard and summed over the sharding domain.
     """
 
     STATE = ("accl1", "accl2", "step")
@@ -212,8 +231,22 @@ class AdamUpdate(OptimizerUpdate):
         weight_decay_mode: str = "Decay"
         scaled_state: bool = False
         dynamic: tuple[str, ...] = ()
+        sharded_norms: bool = False
 
-    def update(self, w, g, h, m, v, step):
+    def extra_inputs(self) -> int:
+        return 1 if self.attrs.sharded_norms else 0
+
+    def infer(self, weight, grad, *rest):
+        if self.attrs.sharded_norms and self.attrs.mode not in ("Lamb", "LambNoBias"):
+            raise popart_exception(
+                f"{self.debug_name}: sharded_norms is for the Lamb modes, not {self.attrs.mode}."
+            )
+        if self.extra_inputs() and rest and rest[-1] is not None and rest[-1].nelms != 2:
+            raise ShapeError(f"{self.debug_name}: the whole-weight norms input must hold "
+                             f"(sum w^2, sum u^2), got {rest[-1]}.")
+        return super().infer(weight, grad, *rest)
+
+    def update(self, w, g, h, m, v, step, square_norms=None):
         mode, lr, wd = self.attrs.mode, h["lr"], h["weight_decay"]
         b1, b2, eps = h["beta1"], h["beta2"], h["eps"]
         decoupled = self.attrs.weight_decay_mode == "Decay"
@@ -253,14 +286,56 @@ class AdamUpdate(OptimizerUpdate):
             u = m.div(denom)
             if wd != 0.0 and decoupled:
                 u.add_(wf, alpha=wd)
-            r1 = min(float(torch.linalg.vector_norm(wf)), h["max_weight_norm"])
-            r2 = float(torch.linalg.vector_norm(u))
+            if self.attrs.sharded_norms:
+                # Passed in as a probe: LambSquareNorms runs this code on copies of the state.
+                if square_norms is None:
+                    return wf, u
+                w_norm, u_norm = (math.sqrt(float(x)) for x in square_norms)
+            else:
+                w_norm = float(torch.linalg.vector_norm(wf))
+                u_norm = float(torch.linalg.vector_norm(u))
+            r1 = min(w_norm, h["max_weight_norm"])
+            r2 = u_norm
             ratio = r1 / r2 if r1 > 0.0 and r2 > 0.0 else 1.0
             w.add_(u.to(w.dtype), alpha=-lr * ratio)
             return
         if wd != 0.0 and decoupled:
             w.mul_(1.0 - lr * wd)
         w.add_(m.div(denom).to(w.dtype), alpha=-lr)
+
+
+@register_op("LambSquareNorms", versions=1, domain=AI_GRAPHCORE)
+class LambSquareNorms(AdamUpdate):
+    """(Σw², Σu²) of one replica's shard, u the Lamb update direction (``AdamUpdate``).
+
+    Reads the inputs of the sharded ``AdamUpdate`` it serves (same attrs, without the norms
+    input) and writes nothing: it steps copies of m, v and the step to find u. Pads of a shard
+    are zero in w, g, m and v, hence in u, so the sums over the shards of a domain are the sums
+    of the whole weight (transforms/rts.py all-reduces them).
+    """
+
+    def __init__(self, attrs=None, settings=None, version=None):
+        super().__init__(attrs, settings, version)
+        self.modifies_inputs = ()
+
+    def extra_inputs(self) -> int:
+        return 0
+
+    def infer(self, weight, grad, *rest):
+        if self.attrs.mode not in ("Lamb", "LambNoBias") or not self.attrs.sharded_norms:
+            raise popart_exception(
+                f"{self.debug_name}: computes the norms of a sharded Lamb update; needs mode "
+                f"Lamb or LambNoBias and sharded_norms, got {self.attrs.mode}, "
+                f"sharded_norms={self.attrs.sharded_norms}."
+            )
+        super().infer(weight, grad, *rest)
+        return TensorInfo(DataType.FLOAT, (2,))
+
+    def kernel(self, weight, grad, *rest):
+        g, h = self._scaled_gradient(grad, rest)
+        state = [s.clone() if s is not None else None for s in rest[: len(self.STATE)]]
+        wf, u = self.update(weight, g, h, *state)
+        return torch.stack([wf.float().square().sum(), u.float().square().sum()])
 
 
 # --- Adaptive family --------------------------------------------------------------------------
@@ -345,6 +420,8 @@ class GlobalNormClipFactor(Op):
     The norm is the 2-norm of all listed gradients together (torch.nn.utils.clip_grad_norm_,
     including its 1e-6); each gradient is multiplied by ``grad_scale`` and, when
     ``divide_loss_scaling``, divided by the last input (the non-const lossScaling) first.
+    The last ``square_sums`` gradient inputs (before the lossScaling) are instead scalar sums of
+    squares of gradients (``GradientSquareSum`` of replicated shards, all-reduced; rts.py).
     """
 
     @dataclass(frozen=True)
@@ -352,6 +429,7 @@ class GlobalNormClipFactor(Op):
         max_norm: float = 1.0
         grad_scale: float = 1.0
         divide_loss_scaling: bool = False
+        square_sums: int = 0
 
     def infer(self, *grads):
         if not grads:
@@ -363,6 +441,23 @@ class GlobalNormClipFactor(Op):
         if self.attrs.divide_loss_scaling:
             *grads, loss_scaling = grads
             scale /= float(loss_scaling)
-        norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
-        total = torch.linalg.vector_norm(norms) * scale
+        split = len(grads) - self.attrs.square_sums
+        norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads[:split]]
+        # Sums of squares of shards enter as the norms they are the squares of.
+        norms += [g.reshape(()).float().sqrt() for g in grads[split:]]
+        total = torch.linalg.vector_norm(torch.stack(norms)) * scale
         return torch.clamp(self.attrs.max_norm / (total + 1e-6), max=1.0)
+
+
+@register_op("GradientSquareSum", versions=1, domain=AI_GRAPHCORE)
+class GradientSquareSum(Op):
+    """Σg² (f32 scalar) over the listed gradients: a replica's part of a global gradient norm
+    when the gradients are replicated shards (their zero pads add nothing)."""
+
+    def infer(self, *grads):
+        if not grads:
+            raise ShapeError(f"{self.debug_name}: needs at least one gradient.")
+        return TensorInfo(DataType.FLOAT, ())
+
+    def kernel(self, *grads):
+        return torch.stack([g.float().square().sum() for g in grads]).sum()

@@ -18,6 +18,12 @@ state is sharded, and then all of them are. Then:
   ``ReplicatedAllReduce`` over the other groups when the domain is smaller than the replicas),
   so each replica gets the summed gradient of its own shard;
 - the update op (SGD, Adam, Adaptive: element-wise) runs on the shards of w and its state;
+- Lamb scales by ‖w‖ and ‖u‖ of the whole weight: ``LambSquareNorms`` gives each replica's
+  (Σw², Σu²) of its shard (zero pads add nothing), a ``ReplicatedAllReduce`` over the domain
+  sums them, and the update (``sharded_norms``) takes the ratio from the sums;
+- a ``GlobalNormClipFactor`` reading sharded gradients reads instead, per domain,
+  ``ReplicatedAllReduce(GradientSquareSum(shards...))``: the sum of squares of those whole
+  gradients (the other gradients are whole on every replica and enter as before);
 - the forward and backward ops read ``w/gathered = ReplicatedAllGather(w)``, the full weight.
 
 An accumulator ``Accum___w`` is sharded on its own: the gradient is reduce-scattered every
@@ -25,8 +31,8 @@ micro-batch and accumulated into the shard; the outer fragment reads the shard (
 or all-gathers it (unsharded update). Untrained weights are sharded and all-gathered before use.
 Running statistics differ between replicas and are never sharded.
 
-Not supported with a sharded update (popart_exception): Lamb (per-weight norms), clipping by
-global norm, anchors on a sharded tensor (read it with weightsToHost / readWeights).
+Not supported (popart_exception): anchors on a sharded tensor (read it with weightsToHost /
+readWeights).
 
 Before (rf = 2, no accumulation, w f32[5,6] sharded over All):
   Gradient___w/allreduced = ReplicatedAllReduce(Gradient___w)
@@ -41,6 +47,7 @@ After:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -60,7 +67,7 @@ __all__ = ["ShardVariables", "Sharding"]
 _log = logging.getLogger("popart:transform")
 GATHERED_SUFFIX = "/gathered"
 SCATTERED_SUFFIX = "/scattered"
-_NOT_ELEMENTWISE = ("Lamb", "LambNoBias")
+_LAMB_MODES = ("Lamb", "LambNoBias")
 _SETTINGS_FIELDS = ("weightTensorLocationSettings", "optimizerStateTensorLocationSettings",
                     "accumulatorTensorLocationSettings", "activationTensorLocationSettings")
 
@@ -226,8 +233,6 @@ class ShardVariables:
         graph = ir.main
         updates = self._optimizer.tensors.updated if self._optimizer is not None else {}
         update_ops = {w: graph.tensors[updates[w]].producer for w in sharded_updates}
-        for weight_id, op in update_ops.items():
-            self._check_update(op, weight_id)
         touched: set[str] = set()
         # Readers of each sharded variable, taken before any op is added.
         readers = {tid: [op for op in graph.tensors[tid].consumers if not _writes(op, tid)]
@@ -250,20 +255,31 @@ class ShardVariables:
                     for i, t in enumerate(op.inputs):
                         if t is not None and t.id == weight_id:
                             graph.replace_input(op, i, gathered)
+        shard_grads: dict[str, Sharding] = {}  # sharded gradient the update reads -> sharding
         for weight_id, grad_id in trained.items():
             accum = accumulators.get(weight_id)
             accum_sharding = plan.get(accum) if accum is not None else None
             update_sharding = plan.get(weight_id)
             if accum_sharding is None and update_sharding is None:
                 continue
-            touched |= self._rewrite_reduction(graph, weight_id, grad_id, accum, accum_sharding,
-                                               update_sharding, update_ops)
-        return _propagate(graph, touched) | set(plan)
+            reduced, changed = self._rewrite_reduction(graph, weight_id, grad_id, accum,
+                                                       accum_sharding, update_sharding)
+            touched |= changed
+            if update_sharding is not None:
+                shard_grads[reduced] = update_sharding
+        changed = _propagate(graph, touched) | set(plan)
+        for weight_id, op in update_ops.items():
+            if getattr(op.attrs, "mode", None) in _LAMB_MODES:
+                self._shard_lamb_norms(graph, op, plan[weight_id])
+        for op in list(graph.ops_of_type("GlobalNormClipFactor")):
+            self._shard_clip_norm(graph, op, shard_grads)
+        return changed
 
     def _rewrite_reduction(self, graph: Graph, weight_id: str, grad_id: str, accum: str | None,
                            accum_sharding: Sharding | None, update_sharding: Sharding | None,
-                           update_ops: dict[str, Op]) -> set[str]:
-        """Replace w's gradient all-reduce by a reduce-scatter (module docstring)."""
+                           ) -> tuple[str, set[str]]:
+        """Replace w's gradient all-reduce by a reduce-scatter (module docstring); returns the
+        tensor the gradient's readers now read, and the ids of new shards."""
         reduce_op = graph.tensors[grad_id].producer
         if reduce_op is None or reduce_op.op_type != "ReplicatedAllReduce":
             raise popart_exception(
@@ -298,7 +314,57 @@ class ShardVariables:
                     _read(graph, op, i, reduced)
         graph.remove_op(reduce_op)
         graph.remove_tensor(graph.tensors[grad_id])
-        return touched
+        return reduced, touched
+
+    def _shard_lamb_norms(self, graph: Graph, update: Op, sharding: Sharding) -> None:
+        """Feed a sharded Lamb update the (Σw², Σu²) of the whole weight (module docstring)."""
+        attrs = dataclasses.replace(update.attrs, sharded_norms=True)
+        context = update.settings.execution_context
+        name = graph.unique_id(update.outputs[0].id + "/lambSquareNorms")
+        probe = create_op("LambSquareNorms", dataclasses.asdict(attrs),
+                          dataclasses.replace(update.settings, name=name),
+                          domain=AI_GRAPHCORE, where=name)
+        graph.add_op(probe, [t.id if t is not None else "" for t in update.inputs], [name])
+        summed = self._add(graph, "ReplicatedAllReduce", [name], name + "/allreduced", context,
+                           sharding)
+        # The update reads the same inputs plus the sums; its state was sized for shards.
+        update.attrs = attrs
+        graph.append_input(update, summed)
+        graph._infer(update)  # the one Graph inference entry point: checks the new input
+
+    def _shard_clip_norm(self, graph: Graph, clip: Op, shard_grads: dict[str, Sharding]) -> None:
+        """Make a global-norm clip factor read sums of squares of sharded gradients, summed over
+        their domain, in place of the shards (module docstring)."""
+        inputs = [t.id for t in clip.inputs]
+        loss_scaling = [inputs.pop()] if clip.attrs.divide_loss_scaling else []
+        sharded = [t for t in inputs if t in shard_grads]
+        if not sharded:
+            return
+        whole = [t for t in inputs if t not in shard_grads]
+        by_group: dict[tuple[int, int], list[str]] = {}
+        for t in sharded:
+            by_group.setdefault(shard_grads[t].comm_group, []).append(t)
+        context = clip.settings.execution_context
+        sums = []
+        for group_ids in by_group.values():
+            sharding = shard_grads[group_ids[0]]
+            name = graph.unique_id(clip.outputs[0].id + "/shardSquares")
+            op = create_op("GradientSquareSum", {},
+                           OpSettings(name=name, execution_context=context),
+                           domain=AI_GRAPHCORE, where=name)
+            graph.add_op(op, group_ids, [name])
+            sums.append(self._add(graph, "ReplicatedAllReduce", [name], name + "/allreduced",
+                                  context, sharding))
+        old = clip.outputs[0]
+        attrs = dataclasses.replace(clip.attrs, square_sums=len(sums))
+        out = graph.unique_id(old.id)
+        new = create_op("GlobalNormClipFactor", dataclasses.asdict(attrs),
+                        dataclasses.replace(clip.settings, name=out), domain=AI_GRAPHCORE,
+                        where=out)
+        graph.add_op(new, [*whole, *sums, *loss_scaling], [out])
+        graph.replace_all_uses(old, graph.tensors[out])
+        graph.remove_op(clip)
+        graph.remove_tensor(old)
 
     def _scatter(self, graph: Graph, source: str, context: ExecutionContext,
                  sharding: Sharding) -> str:
@@ -327,24 +393,6 @@ class ShardVariables:
                        domain=AI_GRAPHCORE, where=out)
         graph.add_op(op, inputs, [out])
         return out
-
-    @staticmethod
-    def _check_update(op: Op, weight_id: str) -> None:
-        mode = getattr(op.attrs, "mode", None)
-        if mode in _NOT_ELEMENTWISE:
-            raise popart_exception(
-                f"{op.debug_name}: replicated tensor sharding of weight '{weight_id}' needs an "
-                f"element-wise update, but Adam mode {mode} scales by whole-tensor norms. Use "
-                f"another mode or set replicatedTensorSharding Off for this weight."
-            )
-        clip_index = 2 + len(getattr(op, "STATE", ()))
-        if clip_index < len(op.inputs) and op.inputs[clip_index] is not None:
-            raise popart_exception(
-                f"{op.debug_name}: weight '{weight_id}' is clipped by a global gradient norm, "
-                f"which needs whole gradients; gradient clipping is not supported with "
-                f"replicated tensor sharding. Remove the ClipNormSettings or set "
-                f"replicatedTensorSharding Off."
-            )
 
 
 def _domain(domain: CommGroup) -> str:

@@ -76,6 +76,57 @@ def test_F111_consecutive_domain_equals_the_unsharded_run():
     assert s.getIr().sharded_variables["w0"].num_shards == 2
 
 
+def _lamb(mode=popart.AdamMode.Lamb, clip=None):
+    return popart.Adam({"defaultLearningRate": (0.05, False), "defaultWeightDecay": (0.01, True),
+                        "defaultMaxWeightNorm": (0.9, True)}, mode=mode,
+                       clip_norm_settings=[clip] if clip is not None else [])
+
+
+def _adam_clipped():
+    return popart.Adam({"defaultLearningRate": (0.02, False)},
+                       clip_norm_settings=[popart.ClipNormSettings.clipAllWeights(0.05)])
+
+
+def _sgd_clip_w0():
+    return popart.SGD({"defaultLearningRate": (0.1, True), "defaultMomentum": (0.9, True)},
+                      clip_norm_settings=[popart.ClipNormSettings.clipWeights(["w0"], 0.05)])
+
+
+# Lamb (whole-weight trust ratio; maxWeightNorm below ||w0|| so the cap is exercised) and
+# clipping by global norm (a small maxNorm so it clips) run on shards with all-reduced sums of
+# squares; the unsharded run computes the norms on whole tensors.
+@pytest.mark.parametrize("make_optimizer", [
+    _lamb, lambda: _lamb(popart.AdamMode.LambNoBias), _adam_clipped, _sgd_clip_w0,
+    lambda: _lamb(clip=popart.ClipNormSettings.clipAllWeights(0.05))],
+    ids=["lamb", "lamb_no_bias", "adam_clip", "sgd_clip_one", "lamb_clip"])
+@pytest.mark.parametrize("rf, af", [(2, 1), (2, 3)])
+def test_F110_norm_based_updates_on_shards_equal_the_unsharded_run(make_optimizer, rf, af):
+    p, x = rm.params(), _data(rf, af, seed=3)
+    want, _, _ = rm.train(p, x, MB, BPS, rm.options(rf, af), optimizer=make_optimizer())
+    got, _, s = rm.train(p, x, MB, BPS, _rts(rm.options(rf, af)), optimizer=make_optimizer())
+    rm.assert_weights_close(got, want)
+    assert not np.allclose(got["w0"], p["w0"])  # it trained
+    sharded = s.getIr().sharded_variables
+    assert "w0" in sharded and any(t.startswith("Accl") for t in sharded)
+
+
+@pytest.mark.parametrize("make_optimizer", [_lamb, _adam_clipped], ids=["lamb", "adam_clip"])
+def test_F111_norm_based_updates_on_a_consecutive_domain_equal_the_unsharded_run(make_optimizer):
+    p, x = rm.params(), _data(4, 2, seed=4)
+    want, _, _ = rm.train(p, x, MB, BPS, rm.options(4, 2), optimizer=make_optimizer())
+    opts = _rts(rm.options(4, 2), domain=CommGroup(CommGroupType.Consecutive, 2))
+    got, _, s = rm.train(p, x, MB, BPS, opts, optimizer=make_optimizer())
+    rm.assert_weights_close(got, want)
+    assert s.getIr().sharded_variables["w0"].num_shards == 2
+
+
+def test_F109_memory_model_counts_lamb_state_as_shards():
+    s, _ = _spec_example_session(optimizer=_lamb())
+    entries = {t.id: t for t in s._device_model.memory.ipu(0).tensors}
+    for tid in ("w", "Accl1___w", "Accl2___w"):
+        assert entries[tid].num_bytes == 8 * 4, tid  # ceil(30 / 4) f32 elements, not 30
+
+
 def _spec_example_session(rf=4, optimizer=None, shard=True):
     """loss = l1(x * w) with w f32[5,2,3]: 30 elements over 4 replicas (spec §10.3)."""
     builder = popart.Builder(opsets={"ai.onnx": 17, "ai.graphcore": 1})

@@ -198,11 +198,31 @@ def test_F111_unsupported_domains_and_mismatched_domains_raise():
         _ir(opts, 4)
 
 
-def test_F110_non_elementwise_updates_are_rejected():
+def test_F110_sharded_lamb_sums_its_shard_norms_over_the_domain():
     lamb = popart.Adam({"defaultLearningRate": (0.01, True)}, mode=popart.AdamMode.Lamb)
-    with pytest.raises(popart.popart_exception, match="Lamb scales by whole-tensor norms"):
-        _ir(_rts_options(2), 2, optimizer=lamb)
+    ir = _ir(_rts_options(4, domain=CommGroup(CommGroupType.Consecutive, 2)), 4, optimizer=lamb)
+    graph = ir.main
+    probes = list(graph.ops_of_type("LambSquareNorms"))
+    assert len(probes) == len(ir.sharded_variables) // 3  # one per weight (w, Accl1, Accl2)
+    for probe in probes:
+        reduce_op = probe.outputs[0].consumers[0]
+        assert reduce_op.op_type == "ReplicatedAllReduce"
+        assert reduce_op.settings.comm_group == (CommGroupType.Consecutive.value, 2)
+        (update,) = reduce_op.outputs[0].consumers
+        assert update.op_type == "AdamUpdate" and update.attrs.sharded_norms
+        assert update.inputs[-1] is reduce_op.outputs[0]
+        assert probe.inputs == update.inputs[:-1] and not probe.modifies_inputs
+
+
+def test_F110_clipping_sharded_gradients_all_reduces_their_square_sums():
     clipped = popart.SGD({"defaultLearningRate": (0.1, True)},
                          clip_norm_settings=[popart.ClipNormSettings.clipAllWeights(1.0)])
-    with pytest.raises(popart.popart_exception, match="gradient clipping is not supported"):
-        _ir(_rts_options(2), 2, optimizer=clipped)
+    ir = _ir(_rts_options(2), 2, optimizer=clipped)
+    (clip,) = ir.main.ops_of_type("GlobalNormClipFactor")
+    (squares,) = ir.main.ops_of_type("GradientSquareSum")
+    assert clip.attrs.square_sums == 1
+    summed = squares.outputs[0].consumers[0]
+    assert summed.op_type == "ReplicatedAllReduce" and summed.outputs[0] in clip.inputs
+    # The sharded gradients (reduce-scattered) feed the sum of squares, not the factor.
+    assert {t.producer.op_type for t in squares.inputs} == {"ReplicatedReduceScatter"}
+    assert all(t.producer.op_type != "ReplicatedReduceScatter" for t in clip.inputs)
