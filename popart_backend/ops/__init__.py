@@ -23,6 +23,11 @@ from . import resize  # noqa: F401
 from . import accumulate  # noqa: F401
 from . import optimizer_updates  # noqa: F401
 from . import graphcore  # noqa: F401
+from . import graphcore_common  # noqa: F401
+from . import graphcore_elementwise  # noqa: F401
+from . import graphcore_identity  # noqa: F401
+from . import graphcore_shape  # noqa: F401
+from . import graphcore_reduce  # noqa: F401
 from . import collectives  # noqa: F401
 from . import control_flow  # noqa: F401
 from . import scan  # noqa: F401
