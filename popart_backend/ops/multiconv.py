@@ -139,6 +139,17 @@ def _check_steps(op: Op, name: str, values: tuple[int, ...], low: int) -> None:
         raise ShapeError(f"{op.debug_name}: {name}={list(values)} must be >= {low}.")
 
 
+@dataclass(frozen=True)
+class _Geometry:
+    """The flattened per-conv geometry lists MultiConv and its grad op share."""
+
+    strides: tuple[int, ...] = ()
+    pads: tuple[int, ...] = ()
+    dilations: tuple[int, ...] = ()
+    inDilations: tuple[int, ...] = ()
+    outPads: tuple[int, ...] = ()
+
+
 @register_op("MultiConv", versions=1, domain=AI_GRAPHCORE)
 class MultiConv(_DilatedConv, Op):
     """Y_i = outpad(conv(indilate(X_i), W_i) + B_i) for each convolution i; see the module
@@ -147,12 +158,7 @@ class MultiConv(_DilatedConv, Op):
     uses_amp = True
 
     @dataclass(frozen=True)
-    class Attrs:
-        strides: tuple[int, ...] = ()
-        pads: tuple[int, ...] = ()
-        dilations: tuple[int, ...] = ()
-        inDilations: tuple[int, ...] = ()
-        outPads: tuple[int, ...] = ()
+    class Attrs(_Geometry):
         availableMemoryProportions: tuple[float, ...] = ()
         partialsTypes: tuple[str, ...] = ()
         planType: str = ""
@@ -265,12 +271,7 @@ class MultiConvGrad(_DilatedConv, Op):
     padding, from dY, X and W: ConvGrad on the dilated X and the cropped dY."""
 
     @dataclass(frozen=True)
-    class Attrs:
-        strides: tuple[int, ...] = ()
-        pads: tuple[int, ...] = ()
-        dilations: tuple[int, ...] = ()
-        inDilations: tuple[int, ...] = ()
-        outPads: tuple[int, ...] = ()
+    class Attrs(_Geometry):
         wrt: tuple[int, ...] = (0, 1, 2)
 
     def infer(self, dy, x, w):

@@ -17,9 +17,11 @@ GC = "ai.graphcore"
 _DTYPES = {np.float32: "FLOAT", np.int32: "INT32", np.int64: "INT64", np.bool_: "BOOL"}
 
 
-def run_builder(build, *arrays, outputs=None):
-    """``build(builder, gc, *input ids)`` returns output id(s); run once, return numpy outputs."""
-    builder = popart.Builder()
+def run_builder(build, *arrays, outputs=None, opset=None):
+    """``build(builder, gc, *input ids)`` returns output id(s); run once, return numpy outputs.
+    ``opset``: the ai.onnx opset to fix (the Builder's default when None)."""
+    builder = popart.Builder() if opset is None else popart.Builder(
+        opsets={"ai.onnx": opset, "ai.graphcore": 1})
     ids = [builder.addInputTensor(popart.TensorInfo(_DTYPES[a.dtype.type], list(a.shape)))
            for a in arrays]
     result = build(builder, builder.aiGraphcore, *ids)

@@ -15,9 +15,9 @@ import torch
 
 import popart_backend as popart
 from tests.helpers import assert_close, check_grad, rand
+from tests.ops.test_graphcore import run_builder as graphcore_run_builder
 
 GC = "ai.graphcore"
-_DTYPES = {np.float32: "FLOAT", np.int32: "INT32", np.int64: "INT64"}
 
 
 def _session(builder, ids, arrays, result, training=False, loss=None, seed=None):
@@ -38,17 +38,9 @@ def _session(builder, ids, arrays, result, training=False, loss=None, seed=None)
     return [anchors[r] for r in result]
 
 
-def run_builder(build, *arrays, opset=11):
-    """``build(builder, gc, *input ids)`` returns output id(s); run once, return numpy outputs."""
-    builder = popart.Builder(opsets={"ai.onnx": opset, "ai.graphcore": 1})
-    ids = [builder.addInputTensor(popart.TensorInfo(_DTYPES[a.dtype.type], list(a.shape)))
-           for a in arrays]
-    result = build(builder, builder.aiGraphcore, *ids)
-    result = [result] if isinstance(result, str) else list(result)
-    for r in result:
-        builder.addOutputTensor(r)
-    values = _session(builder, ids, arrays, result)
-    return values[0] if len(values) == 1 else values
+def run_builder(build, *arrays):
+    """test_graphcore's runner at ai.onnx opset 11."""
+    return graphcore_run_builder(build, *arrays, opset=11)
 
 
 # --- LSTM ----------------------------------------------------------------------------------------
