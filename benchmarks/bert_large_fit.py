@@ -49,7 +49,7 @@ from popart_backend.device.analysis import analyse  # noqa: E402
 from popart_backend.device.cost import BatchInfo  # noqa: E402
 from popart_backend.device.lower import lower  # noqa: E402
 from popart_backend.device.memory import format_bytes  # noqa: E402
-from popart_backend.onnx_import import import_model, load_model  # noqa: E402
+from popart_backend.importer.onnx_model import import_model, load_model  # noqa: E402
 from popart_backend.transforms.pipeline import run_passes, training_passes  # noqa: E402
 
 # IPU configurations: name -> layers per IPU (the embeddings go with the first IPU).

@@ -9,17 +9,24 @@ from .errors import *  # noqa: F401,F403
 from .errors import make_throw_hooks as _make_throw_hooks
 from .dtypes import DataType  # noqa: F401
 from .logging import *  # noqa: F401,F403
-from .options import *  # noqa: F401,F403
+from .options.enums import *  # noqa: F401,F403
+from .options.structs import *  # noqa: F401,F403
+from .options.patterns import *  # noqa: F401,F403
+from .options.session_options import *  # noqa: F401,F403
 from .device.spec import *  # noqa: F401,F403
 from .device.manager import *  # noqa: F401,F403
 from .tensorinfo import *  # noqa: F401,F403
 from .dataflow import *  # noqa: F401,F403
-from .builder import *  # noqa: F401,F403
+from .builder.builder import *  # noqa: F401,F403
 from .session import *  # noqa: F401,F403
-from .optimizers import *  # noqa: F401,F403
+from .optim.values import *  # noqa: F401,F403
+from .optim.base import *  # noqa: F401,F403
+from .optim.sgd import *  # noqa: F401,F403
+from .optim.adam import *  # noqa: F401,F403
+from .optim.adaptive import *  # noqa: F401,F403
 from .supported_ops import *  # noqa: F401,F403
 from . import custom  # noqa: F401  (popart.custom: custom ops in Python, spec §7)
-from .custom import loadCustomOpModule  # noqa: F401
+from .custom.registration import loadCustomOpModule  # noqa: F401
 
 globals().update(_make_throw_hooks())
 

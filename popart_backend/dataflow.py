@@ -346,7 +346,7 @@ class PyStepIOCallback:
 
     A sequence input or output (issue #7) is called back by its ONNX name with a list of
     arrays, one per element, per micro-batch; an absent optional is never called back
-    (``onnx_value_io`` module docstring).
+    (``importer/value_io.py`` module docstring).
     """
 
     def __init__(self, input_callback: Callable, input_complete_callback: Callable,

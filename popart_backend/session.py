@@ -28,14 +28,16 @@ from .device.lower import Program, lower
 from .device.manager import DeviceConnectionType
 from .device.simulator import SimulatedDevice
 from .errors import popart_exception, popart_runtime_error
+from .importer.onnx_model import LoadedModel, import_model, initializer_value, load_model
 from .ir.dot import DotWriter
 from .ir.dump import dump_on_error, maybe_dump_ir
 from .ir.ir import Ir
 from .ir.tensor import TensorKind
-from .onnx_import import LoadedModel, import_model, initializer_value, load_model
-from .optimizers import Optimizer
-from .option_checks import check_buildable, check_io_options
-from .options import DotCheck, Patterns, SessionOptions, SyntheticDataMode
+from .optim.base import Optimizer
+from .options.checks import check_buildable, check_io_options
+from .options.enums import DotCheck, SyntheticDataMode
+from .options.patterns import Patterns
+from .options.session_options import SessionOptions
 from .report import PROFILING_DISABLED, Report, profiling_enabled, summary_text
 from .tensorinfo import InputShapeInfo, TensorInfo, input_settings_from_model
 from .transforms.pipeline import ApplyOptimizer, inference_passes, run_passes, training_passes
@@ -119,7 +121,7 @@ class SessionBase:
                 strict_op_versions=userOptions.strictOpVersions,
             )
             self._dots.write(self._ir, DotCheck.Fwd0)
-            # Sequence / optional graph IO: anchors name elements (onnx_sequences.ValueIO).
+            # Sequence / optional graph IO: anchors name elements (importer/value_io.ValueIO).
             self._value_io = self._ir.value_io
             self._user_anchors = dataFlow.anchors()
             if self._value_io:

@@ -36,7 +36,7 @@ import onnx.defs
 
 from .dtypes import DataType
 from .errors import popart_exception
-from .onnx_gradient import PREVIEW_TRAINING
+from .importer.gradient_op import PREVIEW_TRAINING
 from .ops import registry
 from .ops.registry import AI_GRAPHCORE, AI_ONNX
 
@@ -53,8 +53,8 @@ FUSED_DOMAIN = "popart.fused"
 _INTERNAL_MODULES = ("popart_backend.ops.optimizer_updates", "popart_backend.ops.accumulate")
 
 # Ops the importer resolves itself instead of creating a registered op class: the sequence and
-# optional ops become tensor ops (onnx_sequences.py) and ai.onnx.preview.training Gradient a
-# Call of the backward autodiff grows (onnx_gradient.py). Key: (domain, type); value: the input
+# optional ops become tensor ops (importer/sequences.py) and ai.onnx.preview.training Gradient a
+# Call of the backward autodiff grows (importer/gradient_op.py). Key: (domain, type); value: the input
 # positions that must be compile-time constants. Their versions, inputs, outputs and attributes
 # are those of their ONNX schemas.
 _IMPORT_TIME_OPS: dict[tuple[str, str], tuple[int, ...]] = {

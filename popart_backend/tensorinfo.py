@@ -190,7 +190,7 @@ class InputShapeInfo:
         return dict(self._infos)
 
     def to_ir(self) -> dict[str, IrTensorInfo]:
-        """The mapping ``onnx_import.import_model`` takes as ``input_shape_info``."""
+        """The mapping ``importer.onnx_model.import_model`` takes as ``input_shape_info``."""
         def convert(info):
             if info is None:
                 return None

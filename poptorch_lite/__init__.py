@@ -15,10 +15,12 @@ from . import optim, testing  # noqa: F401
 from .blocks import *  # noqa: F401,F403
 from .data import *  # noqa: F401,F403
 from .errors import *  # noqa: F401,F403
-from .executor import PoplarExecutor, _post_compile_hooks, _pre_compile_hooks
+from .executor.executor import PoplarExecutor
+from .executor.compilation import _post_compile_hooks, _pre_compile_hooks
 from .ops import *  # noqa: F401,F403
-from .options import *  # noqa: F401,F403
-from .options import Options
+from .options.enums import *  # noqa: F401,F403
+from .options.groups import *  # noqa: F401,F403
+from .options.options import Options
 
 __version__ = "0.1.0"
 

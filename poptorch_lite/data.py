@@ -25,7 +25,7 @@ import torch
 import torch.utils.data
 
 from .errors import Error
-from .options import Options
+from .options.options import Options
 
 __all__ = ["AsynchronousDataAccessor", "DataLoader", "DataLoaderMode"]
 

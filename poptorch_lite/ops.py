@@ -191,7 +191,7 @@ def _custom_torch_op(domain: str, name: str, version: int, num_outputs: int):
     key = (domain, name, version, num_outputs)
     if key in _CUSTOM_TORCH_OPS:
         return _CUSTOM_TORCH_OPS[key]
-    from popart_backend import custom as backend_custom
+    from popart_backend.custom import registration as backend_custom
 
     mangled = re.sub(r"\W", "_", f"custom__{domain}__{name}__v{version}__n{num_outputs}")
     returns = "Tensor" if num_outputs == 1 else f"({', '.join(['Tensor'] * num_outputs)})"

@@ -114,7 +114,8 @@ def run_reference(model: torch.nn.Module, optimizer, batches, options=None, loss
     """
     from torch.utils import _pytree as pytree
 
-    from .options import Options, ReductionType
+    from .options.enums import ReductionType
+    from .options.options import Options
 
     options = Options() if options is None else options
     n = options.device_iterations
@@ -148,7 +149,7 @@ def run_reference(model: torch.nn.Module, optimizer, batches, options=None, loss
 
 
 def _stack(per_micro: list, mode, period: int, g: int) -> list:
-    from .options import OutputMode
+    from .options.enums import OutputMode
 
     if mode is OutputMode.Final:
         chosen = [per_micro[-1]]

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from popart_backend.device.plan import ExecutionPlan, to_torch
 from popart_backend.dtypes import DataType, to_host
-from popart_backend.onnx_import import import_model
+from popart_backend.importer.onnx_model import import_model
 
 # STYLE.md §4: one tolerance table per dtype.
 TOLERANCES = {

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import popart_backend as popart
+from popart_backend.importer.onnx_model import import_model
 from popart_backend.ir.op import RecomputeType
 from popart_backend.ir.tensor import TensorInfo as IrTensorInfo
-from popart_backend.onnx_import import import_model
 from popart_backend.ops import registry
 from popart_backend.ops.base import ElementwiseUnary
 from tests.helpers import assert_close, rand, run_onnxruntime, run_popart

@@ -15,8 +15,9 @@ import torch
 from onnx import TensorProto, helper
 
 import popart_backend as popart
-from popart_backend import custom
-from popart_backend.custom import GradOp, GradOpInType, Op, register_grad_op, register_op
+from popart_backend.custom import registration as custom
+from popart_backend.custom.api import GradOp, GradOpInType, Op
+from popart_backend.custom.registration import register_grad_op, register_op
 from popart_backend.ops import registry
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,8 +11,8 @@ import pytest
 
 import popart_backend as popart
 from popart_backend.errors import NotImplementedOptionError
-from popart_backend.option_checks import OPTION_STATUS, BuildState, check_buildable, option_status
-from popart_backend.options import OptionDict
+from popart_backend.options.checks import OPTION_STATUS, BuildState, check_buildable, option_status
+from popart_backend.options.typed import OptionDict
 
 # The defaults as written in spec §2.4, typed out independently of options.py.
 SPEC_DEFAULTS = {

@@ -498,8 +498,8 @@ def test_element_requests_out_of_order_are_gathered_per_micro_batch():
     """The device may ask for element 0 of later micro-batches before element 1 of earlier
     ones (elements on different pipeline stages): list k still answers the k-th request of
     each element, and completes once every element has completed it."""
+    from popart_backend.importer.value_io import ValueIO
     from popart_backend.ir.tensor import TensorInfo
-    from popart_backend.onnx_value_io import ValueIO
 
     io = ValueIO(inputs={"s": ["s[0]", "s[1]"]})
     info = TensorInfo.of(np.zeros(1, np.float32))

@@ -129,7 +129,7 @@ def test_definition_inputs_outputs_attributes():
 def test_import_time_ops_of_every_domain_are_listed():
     """F81, F88: ops the importer builds itself are listed at the versions ONNX defines, with
     OpDefinitions from their schemas: the sequence ops (ai.onnx) and Gradient-1
-    (ai.onnx.preview.training, onnx_gradient.py)."""
+    (ai.onnx.preview.training, importer/gradient_op.py)."""
     gradient = popart.OperatorIdentifier("ai.onnx.preview.training", "Gradient", 1)
     public = popart.getSupportedOperations(False)
     assert gradient in public

@@ -8,8 +8,8 @@ from onnx import TensorProto, helper
 
 import popart_backend as popart
 from popart_backend.dtypes import DataType
+from popart_backend.importer.onnx_model import import_model
 from popart_backend.ir.tensor import TensorInfo as IrTensorInfo
-from popart_backend.onnx_import import import_model
 from popart_backend.tensorinfo import input_settings_from_model
 
 

@@ -22,16 +22,10 @@ from ..transforms.tensor_locations import (
     output_locations_from_model,
     resolve_tensor_locations,
 )
-from .cost import (
-    BatchInfo,
-    CycleResult,
-    HostIO,
-    HostStream,
-    PipelineInfo,
-    collective_replicas,
-    compute_cycles,
-)
+from .cost import BatchInfo, CycleResult, collective_replicas, compute_cycles
+from .io_overlap import HostIO, HostStream
 from .memory import IoBuffer, MemoryResult, check_fits, compute_memory, storage_roots
+from .pipeline_cost import PipelineInfo
 from .spec import IpuSpec
 
 __all__ = ["DeviceModel", "analyse", "host_io"]

@@ -42,19 +42,17 @@ from typing import Iterable, Sequence
 from ..ir.graph import Graph
 from ..ir.op import ExecutionContext, Op
 from ..ir.tensor import TensorKind
-from .io_overlap import _OVERLAP, HostIO, HostStream, OverlapIO, overlap_io  # noqa: F401
+from .io_overlap import HostIO, HostStream, OverlapIO, overlap_io
 from .memory import storage_roots
-from .op_cost import (  # noqa: F401 - re-exported: the cycle model's names stay importable here
-    _LAID_OUT,
+from .op_cost import (
     OpCycles,
     _host_transfer_cycles,
     _seconds_to_cycles,
-    _tiles_for,
     _with_tiles,
     collective_cycles,
     op_cycles,
 )
-from .pipeline_cost import (  # noqa: F401
+from .pipeline_cost import (
     PipelineCycle,
     PipelineCycles,
     PipelineInfo,

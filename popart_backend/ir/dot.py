@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..errors import popart_exception
-from ..options import DotCheck
+from ..options.enums import DotCheck
 from .graph import Graph
 from .ir import Ir
 from .op import Op

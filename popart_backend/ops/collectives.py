@@ -32,11 +32,10 @@ from typing import Sequence
 
 import torch
 
-from ..errors import popart_exception
-from ..errors import ShapeError
+from ..errors import ShapeError, popart_exception
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
-from ..options import CommGroupType
+from ..options.enums import CommGroupType
 from .registry import AI_GRAPHCORE, register_op
 
 GC = AI_GRAPHCORE

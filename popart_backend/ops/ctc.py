@@ -15,7 +15,7 @@ from ..dtypes import DataType
 from ..errors import ShapeError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
-from .graphcore import _INT_DTYPES, _output_or_none, _require_float
+from .graphcore_common import _INT_DTYPES, _output_or_none, _require_float
 from .registry import AI_GRAPHCORE, register_op
 
 GC = AI_GRAPHCORE

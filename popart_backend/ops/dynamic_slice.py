@@ -12,8 +12,8 @@ from ..errors import ShapeError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
 from .base import normalize_axis
-from .conv import pick_grads
-from .graphcore import _INT_DTYPES
+from .graphcore_common import _INT_DTYPES
+from .multi_grad import pick_grads
 from .registry import AI_GRAPHCORE, register_op
 
 GC = AI_GRAPHCORE

@@ -27,62 +27,11 @@ import torch
 from ..errors import ShapeError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
-from .graphcore_common import (  # noqa: F401 - re-exported for ctc.py / dynamic_slice.py
-    _INT_DTYPES,
+from .graphcore_common import (
     GC,
-    _output_or_none,
     _require_float,
 )
-from .graphcore_elementwise import (  # noqa: F401 - re-exported: the names of this module
-    Atan2,
-    BitwiseAnd,
-    BitwiseNot,
-    BitwiseOr,
-    BitwiseXnor,
-    BitwiseXor,
-    Expm1,
-    Expm1Grad,
-    Fmod,
-    Gelu,
-    Log1p,
-    Log1pGrad,
-    Remainder,
-    Round,
-    Scale,
-    ScaledAdd,
-    Swish,
-    SwishGrad,
-    Trunc,
-    _Bitwise,
-    _GcBinary,
-    _GcUnary,
-    _Modulo,
-)
-from .graphcore_identity import (  # noqa: F401
-    Abort,
-    CopyVarUpdate,
-    Detach,
-    Init,
-    Nop,
-    PrintTensor,
-    _Passthrough,
-)
-from .graphcore_reduce import (  # noqa: F401
-    _SCATTER_REDUCE,
-    ReduceMedian,
-    ReduceMedianGrad,
-    ScatterReduce,
-    ScatterReduceGrad,
-)
-from .graphcore_shape import (  # noqa: F401
-    DepthToSpace,
-    OnnxDepthToSpace,
-    Reshape,
-    Reverse,
-    Subsample,
-    SubsampleGrad,
-)
-from .registry import AI_ONNX, register_op  # noqa: F401 - AI_ONNX kept importable from here
+from .registry import register_op
 
 # --- normalisation ----------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ Not differentiable: they are optimizer steps, the end of a backward pass, never 
 a loss; a backward pass through one fails naming the op.
 
 The Gradient op of this domain is not an op class: it names the graph to differentiate by
-tensor ids, so the importer builds it (``popart_backend.onnx_gradient``).
+tensor ids, so the importer builds it (``popart_backend.importer.gradient_op``).
 """
 
 from __future__ import annotations

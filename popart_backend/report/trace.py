@@ -25,7 +25,8 @@ from __future__ import annotations
 import json
 
 from ..device.analysis import DeviceModel
-from ..device.cost import CycleResult, PipelineCycle, PipelineCycles
+from ..device.cost import CycleResult
+from ..device.pipeline_cost import PipelineCycle, PipelineCycles
 from ..errors import popart_internal_exception
 from ..ir.op import ExecutionContext
 

@@ -45,7 +45,7 @@ from ..ir.ir import Ir
 from ..ir.op import ExecutionContext, OpSettings
 from ..ir.tensor import TensorInfo, TensorKind, TensorRole
 from ..ops.registry import AI_GRAPHCORE, create_op
-from ..options import MeanReductionStrategy, ReductionType
+from ..options.enums import MeanReductionStrategy, ReductionType
 
 ACCUM_PREFIX = "Accum___"
 COUNTER_ID = "Counter___accumulation"

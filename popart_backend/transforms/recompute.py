@@ -29,7 +29,7 @@ import math
 
 from ..ir.graph import Graph
 from ..ir.op import ExecutionContext, Op, RecomputeType
-from ..options import RecomputationType
+from ..options.enums import RecomputationType
 from .virtual_graphs import Placement
 
 _log = logging.getLogger("popart:transform")

@@ -58,8 +58,9 @@ from ..ir.op import ExecutionContext, Op, OpSettings
 from ..ir.tensor import TensorInfo, TensorKind, TensorRole
 from ..ops.collectives import ShardLayout, shard_layout
 from ..ops.registry import AI_GRAPHCORE, create_op
-from ..option_checks import check_sharding_domain
-from ..options import CommGroup, CommGroupType, ReplicatedTensorSharding
+from ..options.checks import check_sharding_domain
+from ..options.enums import CommGroupType, ReplicatedTensorSharding
+from ..options.structs import CommGroup
 from .tensor_locations import resolve_tensor_locations
 
 __all__ = ["ShardVariables", "Sharding"]

@@ -46,15 +46,9 @@ from ..errors import popart_exception
 from ..ir.graph import Graph
 from ..ir.op import Op, RecomputeType
 from ..ir.tensor import Tensor, TensorKind, TensorRole
-from ..options import (
-    CommGroup,
-    CommGroupType,
-    ReplicatedTensorSharding,
-    SessionOptions,
-    TensorLocation,
-    TensorLocationSettings,
-    TensorStorage,
-)
+from ..options.enums import CommGroupType, ReplicatedTensorSharding, TensorStorage
+from ..options.session_options import SessionOptions
+from ..options.structs import CommGroup, TensorLocation, TensorLocationSettings
 from ..tensorinfo import TileSet
 
 __all__ = [

@@ -28,7 +28,7 @@ from typing import Callable
 from ..errors import NotImplementedOptionError, popart_exception
 from ..ir.graph import Graph
 from ..ir.op import ExecutionContext, Op
-from ..options import VirtualGraphMode
+from ..options.enums import VirtualGraphMode
 
 _log = logging.getLogger("popart:transform")
 

@@ -11,19 +11,16 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from popart_backend.device.cost import BatchInfo, HostIO, HostStream, compute_cycles, overlap_io
+from popart_backend.device.cost import BatchInfo, compute_cycles
+from popart_backend.device.io_overlap import HostIO, HostStream, overlap_io
 from popart_backend.device.memory import IO_BUFFERS, IoBuffer, check_fits, compute_memory
 from popart_backend.device.spec import IpuSpec
 from popart_backend.errors import OutOfMemoryException, popart_exception
-from popart_backend.onnx_import import import_model
-from popart_backend.options import (
-    ReplicatedTensorSharding,
-    SessionOptions,
-    TensorLocation,
-    TensorStorage,
-    VirtualGraphMode,
-)
-from popart_backend.option_checks import check_io_options
+from popart_backend.importer.onnx_model import import_model
+from popart_backend.options.checks import check_io_options
+from popart_backend.options.enums import ReplicatedTensorSharding, TensorStorage, VirtualGraphMode
+from popart_backend.options.session_options import SessionOptions
+from popart_backend.options.structs import TensorLocation
 from popart_backend.tensorinfo import ExchangeStrategy, TileSet
 
 ES, TS = ExchangeStrategy, TileSet

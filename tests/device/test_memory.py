@@ -14,10 +14,10 @@ from popart_backend.device.manager import DeviceManager
 from popart_backend.device.memory import check_fits, compute_memory
 from popart_backend.device.spec import IpuSpec
 from popart_backend.errors import OutOfMemoryException, popart_exception
+from popart_backend.importer.onnx_model import import_model
 from popart_backend.ir.tensor import TensorRole
-from popart_backend.onnx_import import import_model
-from popart_backend.optimizers import Adam
-from popart_backend.options import SessionOptions
+from popart_backend.optim.adam import Adam
+from popart_backend.options.session_options import SessionOptions
 from popart_backend.transforms.pipeline import run_passes, training_passes
 
 IPU2_4 = IpuSpec.for_version("ipu2", 4)

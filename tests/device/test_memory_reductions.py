@@ -16,7 +16,7 @@ import popart_backend as popart
 from popart_backend.device import memory
 from popart_backend.device.memory import compute_memory, recompute_late_order
 from popart_backend.ir.op import RecomputeType
-from popart_backend.options import ReplicatedTensorSharding
+from popart_backend.options.enums import ReplicatedTensorSharding
 
 LAYERS, D, MB = 8, 32, 8
 R = popart.RecomputationType

@@ -26,18 +26,14 @@ from popart_backend.device.memory import (
 )
 from popart_backend.device.spec import IpuSpec
 from popart_backend.errors import OutOfMemoryException
+from popart_backend.importer.onnx_model import import_model
 from popart_backend.ir.op import ExecutionContext, RecomputeType
 from popart_backend.ir.tensor import TensorRole
-from popart_backend.onnx_import import import_model
-from popart_backend.optimizers import Adam
-from popart_backend.options import (
-    ReplicatedTensorSharding,
-    SessionOptions,
-    TensorLocation,
-    TensorLocationSettings,
-    TensorStorage,
-)
-from popart_backend.option_checks import check_buildable
+from popart_backend.optim.adam import Adam
+from popart_backend.options.checks import check_buildable
+from popart_backend.options.enums import ReplicatedTensorSharding, TensorStorage
+from popart_backend.options.session_options import SessionOptions
+from popart_backend.options.structs import TensorLocation, TensorLocationSettings
 from popart_backend.tensorinfo import TileSet
 from popart_backend.transforms.pipeline import run_passes, training_passes
 from popart_backend.transforms.tensor_locations import (

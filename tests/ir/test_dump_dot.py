@@ -11,12 +11,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from popart_backend.errors import popart_exception
+from popart_backend.importer.onnx_model import import_model
 from popart_backend.ir.dot import DotWriter, parse_dot_checks
 from popart_backend.ir.dump import dump_on_error, ir_to_json, maybe_dump_ir
 from popart_backend.ir.op import RecomputeType
-from popart_backend.onnx_import import import_model
-from popart_backend.optimizers import Adam
-from popart_backend.options import DotCheck, SessionOptions
+from popart_backend.optim.adam import Adam
+from popart_backend.options.enums import DotCheck
+from popart_backend.options.session_options import SessionOptions
 from popart_backend.transforms.pipeline import inference_passes, run_passes, training_passes
 
 

@@ -14,7 +14,7 @@ import pytest
 import popart_backend as popart
 from popart_backend.device.plan import ExecutionPlan, to_torch
 from popart_backend.errors import UnsupportedOpError
-from popart_backend.onnx_import import import_model
+from popart_backend.importer.onnx_model import import_model
 from popart_backend.ops.registry import resolve
 from popart_backend.transforms.pipeline import inference_passes, run_passes
 from tests.helpers import assert_close, run_onnxruntime, run_popart

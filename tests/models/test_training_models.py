@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import popart_backend as popart
-from popart_backend.optimizers import AdamMode, AdaptiveMode, WeightDecayMode
+from popart_backend.optim.values import AdamMode, AdaptiveMode, WeightDecayMode
 from tests.models import training_zoo as tz
 from tests.models import zoo
 from tests.ops.test_optimizer_updates import adam_reference

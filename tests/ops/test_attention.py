@@ -274,7 +274,7 @@ def test_flex_attention_modifier_subgraphs():
 def _flex_grad(score_mod=None, prob_mod=None, score=lambda s: s, prob=lambda p: p, shapes=None):
     """Gradients of FlexAttention's Q, K, V (weights) against torch.autograd."""
     from popart_backend.device.plan import ExecutionPlan
-    from popart_backend.onnx_import import import_model
+    from popart_backend.importer.onnx_model import import_model
     from popart_backend.transforms.autodiff import Autodiff
 
     q, k, v = (rand(*s) for s in shapes)

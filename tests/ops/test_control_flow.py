@@ -11,7 +11,7 @@ from onnx import helper, numpy_helper
 
 from popart_backend.device.plan import ExecutionPlan, to_torch
 from popart_backend.errors import ShapeError, UnsupportedOpError, popart_exception
-from popart_backend.onnx_import import import_model
+from popart_backend.importer.onnx_model import import_model
 from popart_backend.ops.registry import registered_versions
 from popart_backend.transforms.autodiff import Autodiff
 from tests.helpers import assert_close, rand, run_onnxruntime, run_popart

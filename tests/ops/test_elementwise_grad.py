@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from onnx import TensorProto, helper
 
+from popart_backend.device.plan import ExecutionPlan, to_torch
 from popart_backend.errors import popart_exception
+from popart_backend.importer.onnx_model import import_model
 from popart_backend.ops.base import ElementwiseUnary
 from popart_backend.ops.registry import _REGISTRY
 from popart_backend.transforms.autodiff import Autodiff
-from popart_backend.device.plan import ExecutionPlan, to_torch
-from popart_backend.onnx_import import import_model
 from tests.helpers import assert_close, check_grad, one_op_model
 
 SHAPE = (2, 3, 4)
@@ -303,8 +303,8 @@ def test_op_without_grad_on_the_path_raises(monkeypatch):
 
 def test_every_differentiable_op_has_a_grad():
     """Each ai.onnx op of these families has grad(), unless all its outputs are int/bool."""
-    from popart_backend.ops import activations, cast, elementwise, logic, reduce, unary
     from popart_backend.ir.op import Op
+    from popart_backend.ops import activations, cast, elementwise, logic, reduce, unary
     from popart_backend.ops.registry import AI_ONNX, all_registered
 
     modules = {m.__name__ for m in (activations, cast, elementwise, logic, reduce, unary)}

@@ -337,7 +337,7 @@ def test_elementwise_gradients():
 
 
 def test_detach_stops_the_gradient():
-    from popart_backend.onnx_import import import_model
+    from popart_backend.importer.onnx_model import import_model
     from popart_backend.transforms.autodiff import Autodiff
     from tests.helpers import one_op_model
 

@@ -18,7 +18,7 @@ import torch
 import popart_backend as popart
 from popart_backend.device.plan import ExecutionPlan, to_torch
 from popart_backend.ir import ExecutionContext, Ir, TensorInfo, TensorKind, TensorRole
-from popart_backend.optimizers import AdamMode, AdaptiveMode, WeightDecayMode
+from popart_backend.optim.values import AdamMode, AdaptiveMode, WeightDecayMode
 
 STEPS = 5
 RTOL, ATOL = 2e-5, 2e-6

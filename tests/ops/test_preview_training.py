@@ -146,7 +146,7 @@ def test_errors_name_the_op():
 
 def test_not_differentiable():
     """Optimizer steps end a backward pass; differentiating through one names the op."""
-    from popart_backend.onnx_import import import_model
+    from popart_backend.importer.onnx_model import import_model
     from popart_backend.transforms.autodiff import Autodiff
 
     inputs = [np.array(0.1, np.float32), np.array(1, np.int64), rand(3), rand(3), rand(3)]

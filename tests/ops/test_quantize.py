@@ -10,7 +10,7 @@ import pytest
 from popart_backend.device.plan import ExecutionPlan, to_torch
 from popart_backend.dtypes import to_host
 from popart_backend.errors import ModelError, ShapeError, popart_exception
-from popart_backend.onnx_import import import_model
+from popart_backend.importer.onnx_model import import_model
 from popart_backend.transforms.autodiff import Autodiff
 from tests.helpers import assert_close, check_op, one_op_model, rand, run_onnxruntime
 

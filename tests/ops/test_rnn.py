@@ -8,10 +8,16 @@ import numpy as np
 import pytest
 
 from popart_backend.errors import ShapeError, UnsupportedOpError
-from popart_backend.onnx_import import import_model
+from popart_backend.importer.onnx_model import import_model
 from popart_backend.ops.registry import registered_versions
-from tests.helpers import assert_close, check_grad, check_op, one_op_model, run_onnxruntime, \
-    run_popart
+from tests.helpers import (
+    assert_close,
+    check_grad,
+    check_op,
+    one_op_model,
+    run_onnxruntime,
+    run_popart,
+)
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 OUTPUTS = {"RNN": 2, "GRU": 2, "LSTM": 3}

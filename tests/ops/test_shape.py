@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from popart_backend.errors import ShapeError
-from popart_backend.onnx_import import import_model
+from popart_backend.importer.onnx_model import import_model
 from popart_backend.ops.registry import registered_versions
 from tests.helpers import check_op, rand, run_onnxruntime, run_popart
 

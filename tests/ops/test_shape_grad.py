@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from popart_backend.ir.verify import verify
-from popart_backend.onnx_import import import_model
-from popart_backend.transforms.autodiff import Autodiff
 from popart_backend.device.plan import ExecutionPlan, to_torch
+from popart_backend.importer.onnx_model import import_model
+from popart_backend.ir.verify import verify
+from popart_backend.transforms.autodiff import Autodiff
 from tests.helpers import assert_close, check_grad, one_op_model, rand
 
 I64_MAX = np.iinfo(np.int64).max

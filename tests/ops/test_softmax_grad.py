@@ -37,7 +37,7 @@ def test_hardmax_has_zero_grad():
     """Hardmax's gradient is zero: no gradient reaches its input."""
     import numpy as np
 
-    from popart_backend.onnx_import import import_model
+    from popart_backend.importer.onnx_model import import_model
     from popart_backend.transforms.autodiff import Autodiff
     from tests.helpers import one_op_model
 

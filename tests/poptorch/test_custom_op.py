@@ -11,8 +11,9 @@ import torch
 
 import popart_backend as popart
 import poptorch_lite as poptorch
-from popart_backend import custom
-from popart_backend.custom import GradOp, GradOpInType, Op, register_grad_op, register_op
+from popart_backend.custom import registration as custom
+from popart_backend.custom.api import GradOp, GradOpInType, Op
+from popart_backend.custom.registration import register_grad_op, register_op
 from poptorch_lite.testing import assert_allclose
 
 DOMAIN = "test.poptorch"

@@ -15,10 +15,15 @@ from popart_backend.device.analysis import analyse
 from popart_backend.device.cost import BatchInfo
 from popart_backend.device.lower import lower
 from popart_backend.device.manager import DeviceManager
-from popart_backend.onnx_import import import_model
-from popart_backend.options import SessionOptions
-from popart_backend.report import PROFILING_DISABLED, Report, chrome_trace, profiling_enabled
-from popart_backend.report import summary_text
+from popart_backend.importer.onnx_model import import_model
+from popart_backend.options.session_options import SessionOptions
+from popart_backend.report import (
+    PROFILING_DISABLED,
+    Report,
+    chrome_trace,
+    profiling_enabled,
+    summary_text,
+)
 
 
 def _model(two_ipus: bool = False):

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 import popart_backend as popart
-from popart_backend import custom
-from popart_backend.custom import GradOp, GradOpInType, Op, register_grad_op, register_op
+from popart_backend.custom import registration as custom
+from popart_backend.custom.api import GradOp, GradOpInType, Op
+from popart_backend.custom.registration import register_grad_op, register_op
 from popart_backend.ops import registry
 
 DOMAIN = "test.multi_ipu"

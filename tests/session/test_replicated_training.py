@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import popart_backend as popart
-from popart_backend.device.cost import host_sync_ipus
+from popart_backend.device.pipeline_cost import host_sync_ipus
 from popart_backend.ir.op import ExecutionContext
 from tests.session.replication_models import (
     D_IN,

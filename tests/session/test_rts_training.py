@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import popart_backend as popart
-from popart_backend.options import CommGroup, CommGroupType, ReplicatedTensorSharding
+from popart_backend.options.enums import CommGroupType, ReplicatedTensorSharding
+from popart_backend.options.structs import CommGroup
 from tests.session import replication_models as rm
 
 MB, BPS = 2, 2

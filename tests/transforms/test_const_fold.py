@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from popart_backend import dtypes
 from popart_backend.dtypes import DataType
-from popart_backend.onnx_import import import_model
+from popart_backend.importer.onnx_model import import_model
 from popart_backend.transforms import const_fold
 from tests.helpers import run_popart
 

@@ -12,8 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from popart_backend.device.plan import ExecutionPlan, to_torch
 from popart_backend.errors import ModelError
+from popart_backend.importer.onnx_model import import_model
 from popart_backend.ir.verify import verify
-from popart_backend.onnx_import import import_model
 from popart_backend.transforms.fuse_attention import FuseAttention
 from popart_backend.transforms.fuse_conv_act import FuseConvActivation
 from popart_backend.transforms.fuse_conv_bn import FoldBatchNormIntoConv

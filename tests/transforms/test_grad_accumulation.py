@@ -11,9 +11,9 @@ import torch
 import popart_backend as popart
 from popart_backend.device.plan import ExecutionPlan
 from popart_backend.errors import ShapeError
+from popart_backend.importer.onnx_model import import_model, load_model
 from popart_backend.ir.op import ExecutionContext, Op
 from popart_backend.ir.tensor import TensorKind, TensorRole
-from popart_backend.onnx_import import import_model, load_model
 from popart_backend.ops.registry import create_op
 from popart_backend.transforms.grad_accumulation import COUNTER_ID, reduction_factors
 from popart_backend.transforms.pipeline import ApplyOptimizer, run_passes, training_passes

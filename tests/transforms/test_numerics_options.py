@@ -113,7 +113,7 @@ def test_strided_group_norm_gradients():
     from onnx import TensorProto, helper, numpy_helper
 
     from popart_backend.device.plan import ExecutionPlan, to_torch
-    from popart_backend.onnx_import import import_model
+    from popart_backend.importer.onnx_model import import_model
     from popart_backend.transforms.autodiff import Autodiff
     from popart_backend.transforms.numerics_options import StridedGroupNorm
 

@@ -11,13 +11,14 @@ import torch
 
 import popart_backend as popart
 from popart_backend.dtypes import DataType
+from popart_backend.importer.onnx_model import import_model
 from popart_backend.ir.graph import Graph
+from popart_backend.ir.op import OpSettings
 from popart_backend.ir.tensor import TensorInfo, TensorKind
 from popart_backend.ops.collectives import shard_layout
 from popart_backend.ops.registry import AI_GRAPHCORE, create_op
-from popart_backend.ir.op import OpSettings
-from popart_backend.onnx_import import import_model
-from popart_backend.options import CommGroup, CommGroupType, ReplicatedTensorSharding
+from popart_backend.options.enums import CommGroupType, ReplicatedTensorSharding
+from popart_backend.options.structs import CommGroup
 from popart_backend.transforms.pipeline import run_passes, training_passes
 from tests.session import replication_models as rm
 

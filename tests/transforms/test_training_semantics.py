@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from popart_backend.device.plan import ExecutionPlan, to_torch
 from popart_backend.errors import popart_exception
+from popart_backend.importer.onnx_model import import_model
 from popart_backend.ir.tensor import TensorKind, TensorRole
 from popart_backend.ir.verify import verify
-from popart_backend.onnx_import import import_model
 from popart_backend.transforms.autodiff import Autodiff
 from popart_backend.transforms.training_semantics import RANDOM_SEED_ID, TrainingSemantics
 from tests.helpers import assert_close, one_op_model, rand

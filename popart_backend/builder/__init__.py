@@ -1,0 +1,3 @@
+"""PopART's Builder: an ONNX ModelProto written by hand (``builder.py``), its opset objects
+(``opsets.py``), the ai.graphcore methods with nested arguments (``nested.py``) and the
+placement/annotation API (``annotations.py``)."""

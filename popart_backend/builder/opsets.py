@@ -1,0 +1,654 @@
+"""The Builder's opset objects (``builder.aiOnnx``, ``aiOnnxOpsetN``, ``aiGraphcore`` ...), F17.
+
+Each op method is generated, not written by hand: for ai.onnx and ai.onnx.ml the op list and
+every signature come from the ``onnx.defs`` schema of that opset version; the ai.graphcore ops
+(spec §6.3) have no ONNX schema, so a small table below describes them in the same form. One
+``OpSpec`` describes an op, ``make_method`` turns it into a method with PopART's calling
+convention::
+
+    opset.<lower-case op name>(args, [num_outputs,] <attributes with defaults>, debugContext="")
+
+``num_outputs`` is taken by ops whose output count varies (Split, MaxPool, Dropout ...). A method
+returns one id, or a list of ids for ops with a variable or fixed multiple output count.
+
+Two ai.graphcore methods take nested arguments no OpSpec describes and are written by hand in
+``nested.py``: ``multiconv`` and ``packedDataBlock``.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+import keyword
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import onnx
+import onnx.defs
+from onnx import AttributeProto, helper, numpy_helper
+
+from ..dtypes import DataType
+from ..errors import popart_exception
+
+if TYPE_CHECKING:
+    from .builder import Builder
+
+AI_ONNX = "ai.onnx"
+AI_ONNX_ML = "ai.onnx.ml"
+AI_GRAPHCORE = "ai.graphcore"
+
+# ai.onnx versions the Builder offers: PopART's 6..11, extended to what the backend imports.
+MIN_ONNX_OPSET = 6
+MAX_ONNX_OPSET = 28
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+REQUIRED = _Required()
+
+# Python keywords (and PopART's choice for If) get PopART's method names.
+_METHOD_NAMES = {
+    "If": "logical_if",
+    "Not": "logical_not",
+    "And": "logical_and",
+    "Or": "logical_or",
+    "Xor": "logical_xor",
+}
+
+# PopART keeps these first after ``args`` so that ``constant(value, False)`` works.
+_FIRST_ATTRIBUTES = {"Constant": ("value",)}
+
+# Extra PopART parameters that are not ONNX attributes: (name, default, why it is accepted).
+_EXTRA_PARAMS = {
+    # Every Constant of the simulated IPU is constant already; PopART's flag only controls
+    # whether its value may be overwritten by the host, which nothing here can do.
+    "Constant": (("is_value_const", False),),
+}
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    """One attribute of an op: ONNX name, AttributeProto type and default (or REQUIRED/None)."""
+
+    name: str
+    type: int
+    default: Any = None  # None: optional without default (left out of the node when unset)
+    param: str = ""  # Python parameter name when it differs from the ONNX attribute name
+    convert: Callable[[Any], Any] | None = None  # PopART enums etc. -> attribute value
+
+    @property
+    def param_name(self) -> str:
+        return self.param or self.name
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """What a method needs to know to validate a call and write the node."""
+
+    op_type: str
+    domain: str
+    version: int  # the opset version the method belongs to
+    min_inputs: int
+    max_inputs: int
+    min_outputs: int
+    max_outputs: int
+    attrs: tuple[AttrSpec, ...] = ()
+    takes_args: bool = True
+    variable_outputs: bool = False  # takes ``num_outputs``
+    returned_outputs: int | None = None  # return only the first N outputs (PopART's ctcloss)
+    write_defaults: bool = False  # ai.graphcore nodes carry every attribute explicitly
+    extra_params: tuple[tuple[str, Any], ...] = ()
+    unsupported: str = ""  # non-empty: calling the method raises this reason
+
+    @property
+    def fixed_outputs(self) -> int:
+        return self.max_outputs
+
+
+# --- attribute values ------------------------------------------------------------------------
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, enum.Enum)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, enum.Enum
+    )
+
+
+def make_attribute(name: str, value, attr_type: int, where: str) -> AttributeProto:
+    """An AttributeProto of the schema's type; raises naming the op when the value does not fit."""
+
+    def bad(expected: str):
+        return popart_exception(
+            f"{where}: attribute '{name}' expects {expected}, got {type(value).__name__} "
+            f"{value!r}."
+        )
+
+    if isinstance(value, enum.Enum) and attr_type in (AttributeProto.INT, AttributeProto.FLOAT):
+        value = value.value
+    if attr_type == AttributeProto.INT:
+        if isinstance(value, (bool, np.bool_)):
+            value = int(value)
+        if not _is_int(value):
+            raise bad("an int")
+        return helper.make_attribute(name, int(value), attr_type=attr_type)
+    if attr_type == AttributeProto.FLOAT:
+        if not _is_number(value):
+            raise bad("a float")
+        return helper.make_attribute(name, float(value), attr_type=attr_type)
+    if attr_type == AttributeProto.STRING:
+        if not isinstance(value, (str, bytes)):
+            raise bad("a string")
+        return helper.make_attribute(name, value, attr_type=attr_type)
+    if attr_type in (AttributeProto.INTS, AttributeProto.FLOATS, AttributeProto.STRINGS):
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            raise bad("a list")
+        items = list(value.tolist() if isinstance(value, np.ndarray) else value)
+        if attr_type == AttributeProto.INTS:
+            items = [int(v) if isinstance(v, (bool, np.bool_)) else v for v in items]
+            if not all(_is_int(v) for v in items):
+                raise bad("a list of ints")
+            items = [int(v) for v in items]
+        elif attr_type == AttributeProto.FLOATS:
+            if not all(_is_number(v) for v in items):
+                raise bad("a list of floats")
+            items = [float(v) for v in items]
+        elif not all(isinstance(v, (str, bytes)) for v in items):
+            raise bad("a list of strings")
+        return helper.make_attribute(name, items, attr_type=attr_type)
+    if attr_type == AttributeProto.TENSOR:
+        if isinstance(value, onnx.TensorProto):
+            return helper.make_attribute(name, value, attr_type=attr_type)
+        if isinstance(value, (np.ndarray, np.generic, int, float, bool)):
+            return helper.make_attribute(
+                name, numpy_helper.from_array(np.asarray(value)), attr_type=attr_type
+            )
+        raise bad("a numpy array")
+    if attr_type == AttributeProto.TENSORS:
+        return helper.make_attribute(
+            name,
+            [v if isinstance(v, onnx.TensorProto) else numpy_helper.from_array(np.asarray(v))
+             for v in value],
+            attr_type=attr_type,
+        )
+    if attr_type == AttributeProto.GRAPH:
+        graph = value.subgraph_proto() if hasattr(value, "subgraph_proto") else value
+        if not isinstance(graph, onnx.GraphProto):
+            raise bad("a subgraph builder (builder.createSubgraphBuilder()) or a GraphProto")
+        return helper.make_attribute(name, graph)
+    if attr_type in (AttributeProto.SPARSE_TENSOR, AttributeProto.TYPE_PROTO):
+        return helper.make_attribute(name, value, attr_type=attr_type)
+    raise popart_exception(
+        f"{where}: attribute '{name}' has type {AttributeProto.AttributeType.Name(attr_type)}, "
+        f"which the Builder cannot write yet."
+    )
+
+
+def _schema_default(attr: onnx.defs.OpSchema.Attribute):
+    if attr.required:
+        return REQUIRED
+    default = attr.default_value
+    if default.type == AttributeProto.UNDEFINED:
+        return None
+    value = helper.get_attribute_value(default)
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if default.type == AttributeProto.TENSOR:
+        return numpy_helper.to_array(value)
+    if isinstance(value, list):
+        return [v.decode("utf-8") if isinstance(v, bytes) else v for v in value]
+    return value
+
+
+def spec_from_schema(schema: onnx.defs.OpSchema, version: int, domain: str) -> OpSpec:
+    """OpSpec of an ONNX schema as seen by a model importing ``domain`` at ``version``."""
+    first = _FIRST_ATTRIBUTES.get(schema.name, ())
+    attrs = [
+        AttrSpec(a.name, int(a.type), _schema_default(a)) for a in schema.attributes.values()
+    ]
+    # Required attributes first (they have no default), then alphabetical, as PopART generates.
+    attrs.sort(key=lambda a: (a.name not in first, not a.required, a.name))
+    unsupported = ""
+    if schema.deprecated:
+        unsupported = f"{schema.name} is deprecated in {domain} opset {version}."
+    return OpSpec(
+        op_type=schema.name,
+        domain=domain,
+        version=version,
+        min_inputs=schema.min_input,
+        max_inputs=schema.max_input,
+        min_outputs=schema.min_output,
+        max_outputs=schema.max_output,
+        attrs=tuple(attrs),
+        takes_args=schema.max_input > 0,
+        variable_outputs=schema.min_output != schema.max_output,
+        extra_params=_EXTRA_PARAMS.get(schema.name, ()),
+        unsupported=unsupported,
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_names(domain: str) -> tuple[str, ...]:
+    onnx_domain = "" if domain == AI_ONNX else domain
+    schemas = onnx.defs.get_all_schemas_with_history()
+    return tuple(sorted({s.name for s in schemas if s.domain == onnx_domain}))
+
+
+def onnx_specs(domain: str, version: int) -> dict[str, OpSpec]:
+    """Method name -> OpSpec for every op of ``domain`` in opset ``version`` (from onnx.defs)."""
+    onnx_domain = "" if domain == AI_ONNX else domain
+    specs = {}
+    for name in _schema_names(domain):
+        try:
+            schema = onnx.defs.get_schema(name, version, onnx_domain)
+        except onnx.defs.SchemaError:
+            continue  # not yet introduced at this opset
+        specs[_METHOD_NAMES.get(name, name.lower())] = spec_from_schema(schema, version, domain)
+    return specs
+
+
+# --- ai.graphcore (spec §6.3) ----------------------------------------------------------------
+
+_REDUCTION_TYPES = {"Sum": 0, "Mean": 1, "NoReduction": 2}
+
+
+def _reduction_type(value):
+    """PopART's ReductionType (Sum=0, Mean=1, NoReduction=2) as the int the node stores."""
+    if isinstance(value, enum.Enum):
+        value = value.value if _is_int(value.value) else value.name
+    if isinstance(value, str):
+        if value not in _REDUCTION_TYPES:
+            raise popart_exception(
+                f"Unknown ReductionType '{value}'; use one of {list(_REDUCTION_TYPES)}."
+            )
+        return _REDUCTION_TYPES[value]
+    return value
+
+
+def _scatter_reduction(value):
+    """PopART's ScatterReduction (Sum, Max, Min, None) as the lower-case string the node stores."""
+    if isinstance(value, enum.Enum):
+        value = value.name
+    if not isinstance(value, str) or value.lower() not in ("sum", "max", "min", "none"):
+        raise popart_exception(
+            f"Unknown ScatterReduction {value!r}; use Sum, Max, Min or None."
+        )
+    return value.lower()
+
+
+def _onnx_dtype(value):
+    if _is_int(value):
+        return int(value)
+    if isinstance(value, DataType):
+        return value.onnx
+    if isinstance(value, str):
+        return DataType.from_string(value).onnx
+    return DataType.from_numpy(value).onnx
+
+
+def _comm_group(value):
+    """CommGroup (type, replicaGroupSize) as ``__collectiveCommGroup``'s ``[type, size]``."""
+    if value is None:
+        return None
+    if isinstance(value, (tuple, list)):
+        kind, size = value
+    else:
+        kind, size = value.type, value.replicaGroupSize
+    return [kind.value if isinstance(kind, enum.Enum) else int(kind), int(size)]
+
+
+_I, _F, _S = AttributeProto.INT, AttributeProto.FLOAT, AttributeProto.STRING
+_IS, _FS = AttributeProto.INTS, AttributeProto.FLOATS
+
+
+def _gc(op_type, inputs, outputs=1, *attrs, returned=None, takes_args=True):
+    lo, hi = inputs if isinstance(inputs, tuple) else (inputs, inputs)
+    return OpSpec(
+        op_type=op_type,
+        domain=AI_GRAPHCORE,
+        version=1,
+        min_inputs=lo,
+        max_inputs=hi,
+        min_outputs=outputs,
+        max_outputs=outputs,
+        attrs=tuple(attrs),
+        takes_args=takes_args,
+        returned_outputs=returned,
+        write_defaults=True,
+    )
+
+
+_REDUCTION = AttrSpec("reduction", _I, 1, convert=_reduction_type)  # Mean
+
+GRAPHCORE_SPECS: dict[str, OpSpec] = {
+    "abort": _gc("Abort", (0, 1), 0),
+    "atan2": _gc("Atan2", 2),
+    "bitwiseand": _gc("BitwiseAnd", 2),
+    "bitwisenot": _gc("BitwiseNot", 1),
+    "bitwiseor": _gc("BitwiseOr", 2),
+    "bitwisexor": _gc("BitwiseXor", 2),
+    "bitwisexnor": _gc("BitwiseXnor", 2),
+    "copyvarupdate": _gc("CopyVarUpdate", 2),
+    "ctcbeamsearchdecoder": _gc(
+        "CtcBeamSearchDecoder", 2, 3,
+        AttrSpec("blank", _I, 0), AttrSpec("beam_width", _I, 100), AttrSpec("top_paths", _I, 1),
+    ),
+    # Ctc's second output is the gradient PopART computes with the loss; the method returns
+    # only the loss, as PopART's does.
+    "ctcloss": _gc(
+        "Ctc", 4, 2,
+        _REDUCTION, AttrSpec("blank", _I, 0), AttrSpec("outDataType", _S, "UNDEFINED"),
+        returned=1,
+    ),
+    "depthtospace": _gc(
+        "DepthToSpace", 1, 1, AttrSpec("blocksize", _I, REQUIRED), AttrSpec("mode", _S, "DCR")
+    ),
+    "detach": _gc("Detach", 1),
+    "dynamicslice": _gc(
+        "DynamicSlice", 2, 1,
+        AttrSpec("axes", _IS, REQUIRED), AttrSpec("sizes", _IS, REQUIRED),
+        AttrSpec("noOverlap", _I, 0),
+    ),
+    "dynamicupdate": _gc(
+        "DynamicUpdate", 3, 1,
+        AttrSpec("axes", _IS, REQUIRED), AttrSpec("sizes", _IS, REQUIRED),
+        AttrSpec("noOverlap", _I, 0),
+    ),
+    "dynamiczero": _gc(
+        "DynamicZero", 2, 1, AttrSpec("axes", _IS, REQUIRED), AttrSpec("sizes", _IS, REQUIRED)
+    ),
+    "dynamicadd": _gc(
+        "DynamicAdd", 3, 1, AttrSpec("axes", _IS, REQUIRED), AttrSpec("sizes", _IS, REQUIRED)
+    ),
+    "expm1": _gc("Expm1", 1),
+    "fmod": _gc("Fmod", 2),
+    "gelu": _gc("Gelu", 1),
+    "groupnormalization": _gc(
+        "GroupNormalization", 3, 3,
+        AttrSpec("num_groups", _I, REQUIRED), AttrSpec("epsilon", _F, 1e-5),
+    ),
+    "identityloss": _gc("IdentityLoss", 1, 1, _REDUCTION),
+    "init": _gc(
+        "Init", 0, 1,
+        AttrSpec("shape", _IS, REQUIRED),
+        AttrSpec("data_type", _I, REQUIRED, convert=_onnx_dtype),
+        AttrSpec("init_type", _I, REQUIRED),
+        AttrSpec("batch_axis", _I, -1),
+        takes_args=False,
+    ),
+    "l1loss": _gc("L1", 1, 1, AttrSpec("lambda", _F, REQUIRED), _REDUCTION),
+    "log1p": _gc("Log1p", 1),
+    "lstm": _gc("LSTM", (3, 5), 2, AttrSpec("outputFullSequence", _I, 1)),
+    "nllloss": _gc(
+        "Nll", 2, 1,
+        _REDUCTION, AttrSpec("ignoreIndex", _I, None),
+        AttrSpec("inputIsLogProbability", _I, 0),
+    ),
+    "nop": _gc("Nop", 1),
+    "printtensor": _gc(
+        "PrintTensor", 1, 1, AttrSpec("print_gradient", _I, 1), AttrSpec("title", _S, "")
+    ),
+    "reducemedian": _gc(
+        "ReduceMedian", 1, 2, AttrSpec("axes", _IS, None), AttrSpec("keepdims", _I, 1)
+    ),
+    "remainder": _gc("Remainder", 2),
+    "replicatedallreduce": _gc(
+        "ReplicatedAllReduce", 1, 1,
+        AttrSpec("__collectiveCommGroup", _IS, None, param="commGroup", convert=_comm_group),
+    ),
+    "reshape": _gc("Reshape", 1, 1, AttrSpec("shape", _IS, REQUIRED)),
+    "reverse": _gc("Reverse", 1, 1, AttrSpec("dimensions", _IS, REQUIRED)),
+    "round": _gc("Round", 1),
+    "scale": _gc("Scale", 1, 1, AttrSpec("scale", _F, REQUIRED)),
+    "scaledadd": _gc(
+        "ScaledAdd", (2, 4), 1, AttrSpec("scale0", _F, 1.0), AttrSpec("scale1", _F, 1.0)
+    ),
+    "scatterreduce": _gc(
+        "ScatterReduce", 2, 1,
+        AttrSpec("axis_size", _I, REQUIRED), AttrSpec("axis", _I, -1),
+        AttrSpec("reduction", _S, "sum", convert=_scatter_reduction),
+    ),
+    "sequenceslice": _gc("SequenceSlice", 5, 1, AttrSpec("zeroUnused", _I, 0)),
+    "shapeddropout": _gc(
+        "ShapedDropout", 1, 1, AttrSpec("shape", _IS, REQUIRED), AttrSpec("ratio", _F, 0.5)
+    ),
+    "subsample": _gc("Subsample", 1, 1, AttrSpec("strides", _IS, REQUIRED)),
+    "swish": _gc("Swish", 1),
+}
+
+# call(args, num_outputs, callee): the callee's inputs take ``args`` in order (F23).
+GRAPHCORE_SPECS["call"] = OpSpec(
+    "Call", AI_GRAPHCORE, 1, 0, 1 << 30, 1, 1 << 30,
+    attrs=(AttrSpec("callee", AttributeProto.GRAPH, REQUIRED),),
+    variable_outputs=True, write_defaults=True,
+)
+
+
+# --- call binding ----------------------------------------------------------------------------
+
+
+@dataclass
+class BoundCall:
+    """A validated op-method call."""
+
+    inputs: list[str]
+    num_outputs: int
+    attributes: list[AttributeProto] = field(default_factory=list)
+    debug_context: str = ""
+
+
+# Split-18 has a ``num_outputs`` attribute: the method's own ``num_outputs`` parameter fills it
+# when no optional input (the ``split`` sizes) fixes the output sizes already.
+NUM_OUTPUTS = "num_outputs"
+
+
+def _params(spec: OpSpec) -> list[tuple[str, Any]]:
+    """(parameter name, default) in positional order, excluding debugContext."""
+    params: list[tuple[str, Any]] = []
+    if spec.takes_args:
+        params.append(("args", REQUIRED))
+    if spec.variable_outputs:
+        params.append((NUM_OUTPUTS, REQUIRED))
+    first = _FIRST_ATTRIBUTES.get(spec.op_type, ())
+    attrs = [a for a in spec.attrs if not (spec.variable_outputs and a.name == NUM_OUTPUTS)]
+    for attr in attrs[: len(first)]:
+        params.append((attr.param_name, attr.default))
+    params.extend(spec.extra_params)
+    for attr in attrs[len(first):]:
+        params.append((attr.param_name, attr.default))
+    return params
+
+
+def bind_call(spec: OpSpec, where: str, args: tuple, kwargs: dict) -> BoundCall:
+    """Check a call against the op's spec and build its attributes."""
+    if spec.unsupported:
+        raise popart_exception(f"{where}: {spec.unsupported}")
+    params = _params(spec)
+    names = [n for n, _ in params]
+    accepted = names + ["debugContext"]
+    if len(args) > len(accepted):
+        raise popart_exception(
+            f"{where}: takes at most {len(accepted)} positional arguments ({', '.join(accepted)}), "
+            f"got {len(args)}."
+        )
+    values = dict(zip(accepted, args))
+    for key, value in kwargs.items():
+        if key in ("debugPrefix", "debugName"):  # PopART's older spellings
+            key = "debugContext"
+        elif key.endswith("_") and keyword.iskeyword(key[:-1]):
+            key = key[:-1]  # ``lambda_=`` for an attribute named after a Python keyword
+        if key not in accepted:
+            attr_names = [a.param_name for a in spec.attrs]
+            raise popart_exception(
+                f"{where}: unknown argument '{key}'. {spec.op_type} (domain {spec.domain}, "
+                f"opset {spec.version}) accepts attributes {attr_names or 'none'}"
+                f"{' and num_outputs' if spec.variable_outputs else ''}."
+            )
+        if key in values:
+            raise popart_exception(f"{where}: argument '{key}' given twice.")
+        values[key] = value
+
+    for name, default in params:
+        if default is REQUIRED and name not in values:
+            what = {"args": "the input ids", "num_outputs": (
+                f"num_outputs ({spec.min_outputs}..{spec.max_outputs})")}.get(
+                name, f"attribute '{name}'")
+            raise popart_exception(f"{where}: {what} must be given ({spec.op_type} requires it).")
+
+    inputs = _check_inputs(spec, where, values.get("args", []))
+    num_outputs = spec.max_outputs
+    if spec.variable_outputs:
+        num_outputs = values["num_outputs"]
+        if not _is_int(num_outputs) or not spec.min_outputs <= num_outputs <= spec.max_outputs:
+            raise popart_exception(
+                f"{where}: num_outputs={num_outputs!r}, but {spec.op_type}-{spec.version} has "
+                f"{spec.min_outputs}..{spec.max_outputs} outputs."
+            )
+    debug_context = values.get("debugContext", "")
+    if not isinstance(debug_context, str):
+        raise popart_exception(
+            f"{where}: debugContext must be a string, not {type(debug_context).__name__}."
+        )
+    attributes = []
+    for attr in spec.attrs:
+        if attr.name == NUM_OUTPUTS and spec.variable_outputs:
+            if len(inputs) < spec.max_inputs:
+                attributes.append(make_attribute(NUM_OUTPUTS, num_outputs, attr.type, where))
+            continue
+        if attr.param_name not in values:
+            if not spec.write_defaults or attr.default is None:
+                continue
+            value = attr.default
+        else:
+            value = values[attr.param_name]
+        if attr.convert is not None and value is not None:
+            value = attr.convert(value)
+        if value is None:
+            continue
+        if not spec.write_defaults and _equals_default(value, attr.default):
+            continue
+        if attr.default is None and isinstance(value, (list, tuple)) and len(value) == 0:
+            continue  # PopART's "[]" means "not set" for list attributes without a default
+        attributes.append(make_attribute(attr.name, value, attr.type, where))
+    return BoundCall(inputs, int(num_outputs), attributes, debug_context)
+
+
+def _equals_default(value, default) -> bool:
+    if default is None or default is REQUIRED:
+        return False
+    if isinstance(default, np.ndarray) or isinstance(value, np.ndarray):
+        return False
+    if isinstance(value, enum.Enum):
+        return False
+    if isinstance(default, list):
+        return isinstance(value, (list, tuple)) and list(value) == default
+    return type(value) in (int, float, str, bool) and value == default
+
+
+def _check_inputs(spec: OpSpec, where: str, args) -> list[str]:
+    if isinstance(args, str) or not isinstance(args, (list, tuple)):
+        raise popart_exception(
+            f"{where}: args must be a list of tensor ids, got {type(args).__name__} {args!r}."
+        )
+    if not all(isinstance(a, str) for a in args):
+        raise popart_exception(f"{where}: every input id must be a string, got {list(args)!r}.")
+    if not spec.min_inputs <= len(args) <= spec.max_inputs:
+        expected = (
+            str(spec.min_inputs)
+            if spec.min_inputs == spec.max_inputs
+            else f"{spec.min_inputs}..{'any' if spec.max_inputs > 1 << 20 else spec.max_inputs}"
+        )
+        raise popart_exception(
+            f"{where}: {spec.op_type}-{spec.version} takes {expected} inputs, got {len(args)} "
+            f"({list(args)})."
+        )
+    return list(args)
+
+
+def make_method(method_name: str, spec: OpSpec):
+    """The opset-object method for ``spec``, with a real signature for help() and IDEs."""
+
+    def method(self: "Opset", *args, **kwargs):
+        where = f"{self.name}.{method_name}"
+        call = bind_call(spec, where, args, kwargs)
+        outputs = self.builder._add_op(spec, call)
+        if spec.variable_outputs:
+            return outputs
+        if spec.returned_outputs is not None:
+            outputs = outputs[: spec.returned_outputs]
+        if spec.fixed_outputs == 0:
+            return None
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    if not spec.unsupported:
+        for name, default in _params(spec):
+            parameters.append(inspect.Parameter(
+                name + "_" if keyword.iskeyword(name) else name,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=inspect.Parameter.empty if default is REQUIRED else default,
+            ))
+        parameters.append(inspect.Parameter(
+            "debugContext", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=""))
+    method.__signature__ = inspect.Signature(parameters)
+    method.__name__ = method_name
+    method.__qualname__ = method_name
+    method.__doc__ = (
+        spec.unsupported
+        or f"Add an {spec.domain} {spec.op_type} node (opset {spec.version}); returns "
+        f"{'a list of ids' if spec.variable_outputs or spec.fixed_outputs > 1 else 'its id'}."
+    )
+    return method
+
+
+# --- opset objects ---------------------------------------------------------------------------
+
+
+class Opset:
+    """Base of the generated opset classes; ``builder.aiOnnx`` etc. are instances."""
+
+    domain: str = AI_ONNX
+    version: int = 0
+    name: str = ""
+
+    def __init__(self, builder: "Builder"):
+        self.builder = builder
+
+    def __getattr__(self, item: str):
+        if item.startswith("__"):
+            raise AttributeError(item)
+        raise AttributeError(
+            f"{self.name} has no op '{item}'. Op methods are lower-case ONNX names of "
+            f"{self.domain} opset {self.version} (e.g. 'add', 'matmul', 'reducesum')."
+        )
+
+    def __repr__(self) -> str:
+        return f"<{self.name}: {self.domain} opset {self.version}>"
+
+
+@functools.lru_cache(maxsize=None)
+def opset_class(domain: str, version: int, name: str) -> type[Opset]:
+    """The generated class holding one method per op of ``domain`` at ``version``."""
+    specs = GRAPHCORE_SPECS if domain == AI_GRAPHCORE else onnx_specs(domain, version)
+    namespace = {
+        method_name: make_method(method_name, spec) for method_name, spec in specs.items()
+    }
+    if domain == AI_GRAPHCORE:
+        from .nested import GRAPHCORE_METHODS
+
+        namespace.update(GRAPHCORE_METHODS)
+    namespace.update(domain=domain, version=version, name=name, op_specs=specs)
+    class_name = name[0].upper() + name[1:]
+    return type(class_name, (Opset,), namespace)

@@ -1,0 +1,503 @@
+"""ONNX ModelProto (path, bytes or proto) -> Ir, resolving each node through the op registry.
+
+Constant folding runs while nodes are added, so an op needing a constant operand (Reshape's
+shape, Slice's starts ...) sees the folded value of the shape arithmetic before it.
+
+Graph attributes (If branches, Loop and Scan bodies, Call callees) become subgraphs of the Ir,
+imported with their formal inputs typed by the op; a name a subgraph reads from an enclosing
+graph becomes a captured input of the subgraph and an extra input of the op (constants are
+copied instead, so folding works inside bodies). An If whose condition is a constant is
+replaced by its chosen branch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .. import ops  # noqa: F401  (registers every op)
+from ..dtypes import DataType
+from ..errors import ModelError, ShapeError, UnsupportedOpError
+from ..ir.ir import Ir
+from ..ir.op import OpSettings, RecomputeType
+from ..ir.tensor import TensorInfo, TensorKind
+from ..ops.control_flow import SubgraphOp
+from ..ops.fused import FUSED_DOMAIN
+from ..ops.registry import (
+    AI_ONNX,
+    const_input_positions,
+    create_op,
+    make_attrs,
+    normalize_domain,
+    resolve,
+)
+from ..transforms.const_fold import try_fold
+from .gradient_op import add_gradient, is_gradient_node
+from .sequences import StaticSequences
+from .value_io import ValueIO
+
+_log = logging.getLogger("popart:ir")
+
+# Node attributes the Builder / frontend write for placement (spec §3.6); not op attributes.
+ANNOTATION_PREFIX = "__"
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    proto: onnx.ModelProto
+    base_dir: Path  # folder external data is read from
+
+
+def load_model(model) -> LoadedModel:
+    """Accept a file path, serialized bytes or a ModelProto (F2). Raises ModelError when unreadable."""
+    if isinstance(model, onnx.ModelProto):
+        return LoadedModel(model, Path.cwd())
+    if isinstance(model, (bytes, bytearray)):
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(bytes(model))
+        except Exception as exc:  # protobuf's DecodeError
+            raise ModelError(
+                f"Could not parse the {len(model)} model bytes as an ONNX ModelProto ({exc}). "
+                f"Pass builder.getModelProto(), a .onnx path or an onnx.ModelProto."
+            ) from None
+        if not proto.graph.node and not proto.graph.input and not proto.graph.output:
+            raise ModelError(
+                f"The {len(model)} model bytes parse to an empty ONNX model (no graph). "
+                f"Pass builder.getModelProto(), a .onnx path or an onnx.ModelProto."
+            )
+        return LoadedModel(proto, Path.cwd())
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if not path.is_file():
+            raise ModelError(
+                f"ONNX model file '{path}' does not exist"
+                + (" (if you passed serialized bytes as str, pass bytes)." if len(str(model)) > 255 else ".")
+            )
+        try:
+            proto = onnx.load(str(path), load_external_data=False)
+        except Exception as exc:
+            raise ModelError(f"Could not read ONNX model '{path}': {exc}") from None
+        return LoadedModel(proto, path.resolve().parent)
+    raise ModelError(
+        f"A model must be a path, bytes or onnx.ModelProto, not {type(model).__name__}."
+    )
+
+
+def initializer_value(init: onnx.TensorProto, base_dir: Path) -> np.ndarray:
+    """The numpy value of an initializer, reading external data only from inside ``base_dir``."""
+    if init.data_location == onnx.TensorProto.EXTERNAL:
+        info = {e.key: e.value for e in init.external_data}
+        location = info.get("location", "")
+        target = (base_dir / location).resolve()
+        if not location or os.path.isabs(location) or not target.is_relative_to(base_dir.resolve()):
+            raise ModelError(
+                f"Initializer '{init.name}' stores its data in '{location}', outside the model's "
+                f"folder '{base_dir}'. External data is read only from the model's folder; move "
+                f"the file next to the model."
+            )
+        if not target.is_file():
+            raise ModelError(
+                f"Initializer '{init.name}': external data file '{target}' does not exist."
+            )
+        offset = int(info.get("offset", 0))
+        count = int(np.prod(init.dims, dtype=np.int64))
+        # 4-bit and 2-bit types are packed in the file (DataType.bits).
+        num_bytes = (count * DataType.from_onnx(init.data_type).bits + 7) // 8
+        with open(target, "rb") as f:
+            f.seek(offset)
+            raw = f.read(num_bytes)
+        if len(raw) != num_bytes:
+            raise ModelError(
+                f"Initializer '{init.name}': external file '{location}' holds {len(raw)} bytes at "
+                f"offset {offset}, {num_bytes} needed."
+            )
+        # onnx decodes raw bytes of every type (ml_dtypes arrays for float8, int4 ...).
+        inline = onnx.TensorProto()
+        inline.CopyFrom(init)
+        del inline.external_data[:]
+        inline.data_location = onnx.TensorProto.DEFAULT
+        inline.raw_data = raw
+        return numpy_helper.to_array(inline).copy()
+    return numpy_helper.to_array(init).copy()
+
+
+def attribute_value(attr: onnx.AttributeProto):
+    """A Python value for an ONNX attribute (tensors as numpy arrays, graphs as GraphProto)."""
+    value = onnx.helper.get_attribute_value(attr)
+    if attr.type == onnx.AttributeProto.TENSOR:
+        return numpy_helper.to_array(value)
+    if attr.type == onnx.AttributeProto.TENSORS:
+        return tuple(numpy_helper.to_array(v) for v in value)
+    if attr.type == onnx.AttributeProto.STRING:
+        return value.decode("utf-8")
+    if attr.type == onnx.AttributeProto.STRINGS:
+        return tuple(v.decode("utf-8") for v in value)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def split_annotations(node: onnx.NodeProto) -> tuple[dict, dict]:
+    """(ONNX attribute values, PopART ``__`` annotations) of a node."""
+    values, annotations = {}, {}
+    for attr in node.attribute:
+        target = annotations if attr.name.startswith(ANNOTATION_PREFIX) else values
+        target[attr.name] = attribute_value(attr)
+    return values, annotations
+
+
+def node_settings(node: onnx.NodeProto, annotations: dict) -> OpSettings:
+    scope = node.name.rsplit("/", 1)[0] if "/" in node.name else ""
+    recompute = annotations.get("__recompute_output_in_backward_pass")
+    return OpSettings(
+        name=node.name or (node.output[0] if node.output else node.op_type),
+        scope=scope,
+        ipu=annotations.get("__ipu_number"),
+        pipeline_stage=annotations.get("__pipeline_stage"),
+        execution_phase=annotations.get("__execution_phase"),
+        recompute=RecomputeType(recompute) if recompute is not None else RecomputeType.Undefined,
+        schedule_priority=float(annotations.get("__schedule_priority", 0.0)),
+        source=str(annotations.get("__source", "")),
+        comm_group=_comm_group(annotations.get("__collectiveCommGroup")),
+    )
+
+
+def _comm_group(value) -> tuple[int, int] | None:
+    """The ``[type, size]`` of a ``__collectiveCommGroup`` annotation, as a tuple."""
+    if value is None:
+        return None
+    if len(value) != 2:
+        raise ModelError(
+            f"Annotation __collectiveCommGroup must be [commGroupType, groupSize], got "
+            f"{list(value)}."
+        )
+    return int(value[0]), int(value[1])
+
+
+def tensor_info_of(value_info: onnx.ValueInfoProto, shape_info: dict) -> TensorInfo:
+    """Static TensorInfo of a graph input; unknown dims must come from ``inputShapeInfo`` (F7)."""
+    name = value_info.name
+    if name in shape_info:
+        return shape_info[name]
+    ttype = value_info.type.tensor_type
+    if value_info.type.HasField("optional_type"):  # a present optional tensor (importer/sequences.py)
+        ttype = value_info.type.optional_type.elem_type.tensor_type
+    if not ttype.HasField("shape"):
+        raise ShapeError(
+            f"Input '{name}' has no shape in the model. Give it with "
+            f"InputShapeInfo().add('{name}', TensorInfo(dtype, shape))."
+        )
+    dims = []
+    for i, d in enumerate(ttype.shape.dim):
+        if d.HasField("dim_value") and d.dim_value >= 0:
+            dims.append(d.dim_value)
+        else:
+            label = d.dim_param or "?"
+            raise ShapeError(
+                f"Input '{name}' has unknown dimension {i} ('{label}'). Shapes on the simulated "
+                f"IPU are static: give it with InputShapeInfo().add('{name}', TensorInfo(...))."
+            )
+    return TensorInfo(DataType.from_onnx(ttype.elem_type), tuple(dims))
+
+
+def import_model(
+    model,
+    input_shape_info: dict[str, TensorInfo] | None = None,
+    constant_weights: bool = False,
+    strict_op_versions: bool = True,
+) -> Ir:
+    """Build the forward Ir of ``model``.
+
+    Float initializers read as data become VARIABLE tensors (CONST when ``constant_weights``:
+    inference sessions with SessionOptions.constantWeights); other initializers are CONST.
+    Graph inputs without initializer are host STREAMs.
+    """
+    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    proto = loaded.proto
+    opsets = {normalize_domain(o.domain): o.version for o in proto.opset_import}
+    opsets.setdefault(AI_ONNX, 1 if not proto.opset_import else opsets.get(AI_ONNX, 1))
+    ir = Ir(opsets)
+    graph = ir.main
+    shape_info = dict(input_shape_info or {})
+
+    scope = _Scope(ir, graph, strict_op_versions)
+    ir.value_io = ValueIO()  # sequence / optional graph inputs and outputs (importer/sequences.py)
+    initializer_names = set()
+    weight_uses = _weight_uses(proto.graph, opsets)
+    for init in proto.graph.initializer:
+        value = initializer_value(init, loaded.base_dir)
+        info = TensorInfo.of(value)
+        # A weight is a float initializer read as data by some op. Integer initializers and
+        # operands only read at compile time (shapes, axes, scales) stay constants.
+        is_weight = info.dtype.is_float and init.name in weight_uses
+        kind = TensorKind.VARIABLE if is_weight and not constant_weights else TensorKind.CONST
+        graph.add_tensor(init.name, info, kind, value)
+        initializer_names.add(init.name)
+    for value_info in proto.graph.input:
+        if value_info.name in initializer_names:
+            continue
+        if scope.sequences.add_graph_input(value_info, shape_info, ir.value_io):
+            continue
+        graph.add_tensor(value_info.name, tensor_info_of(value_info, shape_info), TensorKind.STREAM)
+        graph.inputs.append(value_info.name)
+
+    for node in _nodes_in_order(proto.graph):
+        scope.add(node)
+
+    for out in proto.graph.output:
+        if scope.sequences.add_graph_output(out.name, ir.value_io):
+            continue
+        graph.tensor(out.name)  # raises naming the missing output
+        graph.outputs.append(out.name)
+    _log.debug("imported %d ops, %d tensors", len(graph.ops), len(graph.tensors))
+    return ir
+
+
+def add_node(ir: Ir, node: onnx.NodeProto, strict: bool = True, scope: "_Scope | None" = None):
+    """Resolve, create and connect the op of one NodeProto, folding it when constant.
+
+    ``scope`` is the graph being imported (default: the main graph); subgraph attributes of
+    the node are imported into subgraphs of ``ir`` as the op's bodies (ops.control_flow)."""
+    domain = normalize_domain(node.domain)
+    if domain == FUSED_DOMAIN:
+        raise ModelError(
+            f"Node '{node.name or node.op_type}' uses the internal domain '{FUSED_DOMAIN}', which "
+            f"only the compile-time fusion passes may create. Use the ONNX ops it fuses instead."
+        )
+    opset = ir.opsets.get(domain)
+    if opset is None:
+        raise ModelError(
+            f"Node '{node.name or node.op_type}' uses domain '{domain}', which the model does not "
+            f"import (opset_import has {sorted(ir.opsets)})."
+        )
+    cls, version = resolve(node.op_type, domain, opset, strict)
+    where = f"{node.op_type} '{node.name or node.output[0]}'"
+    values, annotations = split_annotations(node)
+    attrs = make_attrs(cls, version, values, where)
+    op = cls(attrs, node_settings(node, annotations), version)
+    graph = scope.graph if scope is not None else ir.main
+    for name in node.input:
+        if name and scope is not None:
+            scope.lookup(name, where)
+        if name and name not in graph.tensors:
+            raise ModelError(f"{where}: input '{name}' is not produced by any node or input.")
+    inputs = list(node.input)
+    if issubclass(cls, SubgraphOp):
+        if scope is None:
+            scope = _Scope(ir, graph, strict)
+        operands = [graph.tensors[n].info if n else None for n in node.input]
+        bodies = {}
+        for name in cls.body_attrs:
+            if name not in values:  # an optional subgraph (FlexAttention's modifiers)
+                continue
+            bodies[name] = scope.import_body(
+                values[name], op.body_input_infos(name, operands), f"{where} {name}", node, name
+            )
+        op.attrs = dataclasses.replace(attrs, **bodies)
+        inputs += op.captured_ids()
+    graph.add_op(op, inputs, list(node.output))
+    try_fold(graph, op)
+    return op
+
+
+class _Scope:
+    """One graph being imported, inside the scopes of its enclosing graphs (ONNX lexical
+    scoping: a body may read any tensor of an enclosing graph by name)."""
+
+    def __init__(self, ir: Ir, graph, strict: bool, parent: "_Scope | None" = None):
+        self.ir = ir
+        self.graph = graph
+        self.strict = strict
+        self.parent = parent
+        self.sequences = StaticSequences(graph, self)
+
+    def add(self, node: onnx.NodeProto) -> None:
+        """Import one node: a sequence op, a constant If (inlined) or an op."""
+        if self.sequences.handles(node):
+            # The ops a sequence node becomes keep its placement (__ipu_number ...).
+            values, annotations = split_annotations(node)
+            self.sequences.add(node, values, node_settings(node, annotations))
+            return
+        if is_gradient_node(node):
+            for name in node.input:
+                self.lookup(name, f"Gradient '{node.name}'")
+            values, annotations = split_annotations(node)
+            add_gradient(self.graph, node, values, node_settings(node, annotations))
+            return
+        for name in node.input:
+            if self.sequences.is_sequence(name):
+                raise UnsupportedOpError(
+                    f"{node.op_type} '{node.name}' reads the sequence '{name}'; only the ONNX "
+                    f"sequence ops may consume sequences on the simulated IPU."
+                )
+            if self.sequences.is_value(name):
+                raise ShapeError(
+                    f"{node.op_type} '{node.name}' reads the optional '{name}', which is empty "
+                    f"(compiled absent); only the Optional* ops may read an empty optional."
+                )
+        if node.op_type == "If" and normalize_domain(node.domain) == AI_ONNX and node.input:
+            self.lookup(node.input[0], f"If '{node.name}'")
+            cond = self.graph.tensors.get(node.input[0])
+            if cond is not None and cond.is_const:
+                self._inline_if(node, bool(np.asarray(cond.data).all()))
+                return
+        add_node(self.ir, node, self.strict, self)
+
+    def lookup(self, name: str, where: str) -> None:
+        """Make ``name`` a tensor of this graph: a captured input (or a copied constant) when
+        an enclosing graph holds it. Unknown names are left for the caller to report."""
+        if name in self.graph.tensors or self.parent is None:
+            return
+        if self.parent.sequences.is_value(name):
+            raise UnsupportedOpError(
+                f"{where}: reads the sequence '{name}' of an enclosing graph; subgraphs may only "
+                f"read tensors of enclosing graphs."
+            )
+        self.parent.lookup(name, where)
+        outer = self.parent.graph.tensors.get(name)
+        if outer is None:
+            return
+        if outer.is_const:
+            self.graph.add_const(name, outer.data)
+        else:
+            self.graph.add_tensor(name, outer.info, TensorKind.STREAM)
+            self.graph.inputs.append(name)
+
+    def import_body(self, proto: onnx.GraphProto, input_infos: list[TensorInfo], where: str,
+                    node: onnx.NodeProto, attr: str):
+        """The Body of a GraphProto attribute, its formal inputs typed ``input_infos``."""
+        from ..ops.control_flow import Body
+
+        if not isinstance(proto, onnx.GraphProto):
+            raise ModelError(
+                f"{where}: attribute '{attr}' must be a graph, got {type(proto).__name__}."
+            )
+        if len(proto.input) != len(input_infos):
+            raise ModelError(
+                f"{where}: the body declares {len(proto.input)} inputs, the op binds "
+                f"{len(input_infos)} ({[str(i) for i in input_infos]})."
+            )
+        base = f"{self.graph.id}/{node.name or node.output[0]}/{attr}"
+        graph_id, n = base, 0
+        while graph_id in self.ir.graphs:
+            n += 1
+            graph_id = f"{base}__{n}"
+        body = _Scope(self.ir, self.ir.create_graph(graph_id), self.strict, self)
+        for value_info, info in zip(proto.input, input_infos):
+            body.graph.add_tensor(value_info.name, info, TensorKind.STREAM)
+            body.graph.inputs.append(value_info.name)
+        body._add_graph_content(proto, where)
+        return Body(body.graph, len(input_infos))
+
+    def _add_graph_content(self, proto: onnx.GraphProto, where: str) -> None:
+        """Initializers, nodes and outputs of a subgraph into this scope's graph."""
+        for init in proto.initializer:
+            self.graph.add_const(init.name, numpy_helper.to_array(init).copy())
+        for node in _nodes_in_order(proto, outer_ok=True):
+            self.add(node)
+        for out in proto.output:
+            self._add_output(out.name, where)
+
+    def _add_output(self, name: str, where: str) -> None:
+        if self.sequences.is_sequence(name):
+            raise UnsupportedOpError(
+                f"{where}: body output '{name}' is a sequence; outputs must be tensors."
+            )
+        self.lookup(name, where)
+        if name not in self.graph.tensors:
+            raise ModelError(f"{where}: body output '{name}' is not produced by any node or input.")
+        self.graph.outputs.append(name)
+
+    def _inline_if(self, node: onnx.NodeProto, cond: bool) -> None:
+        """An If with a constant condition: the chosen branch's nodes join this graph and
+        Identity ops give its outputs the If's output names."""
+        attrs = {a.name: attribute_value(a) for a in node.attribute}
+        branch = attrs["then_branch" if cond else "else_branch"]
+        where = f"If '{node.name or node.output[0]}'"
+        if len(branch.output) < len([o for o in node.output if o]):
+            raise ModelError(
+                f"{where}: the chosen branch has {len(branch.output)} outputs, the node "
+                f"{len(node.output)}."
+            )
+        for init in branch.initializer:
+            self.graph.add_const(init.name, numpy_helper.to_array(init).copy())
+        for inner in _nodes_in_order(branch, outer_ok=True):
+            self.add(inner)
+        settings = node_settings(node, {})
+        for out, name in zip(node.output, (o.name for o in branch.output)):
+            if not out:
+                continue
+            if self.sequences.is_value(name):  # a sequence or empty optional: alias it
+                self.sequences.add(onnx.helper.make_node("Identity", [name], [out]), {}, settings)
+                continue
+            self.lookup(name, where)
+            identity = create_op("Identity", settings=settings, where=where)
+            self.graph.add_op(identity, [name], [out])
+            try_fold(self.graph, identity)
+
+
+def _weight_uses(graph: onnx.GraphProto, opsets: dict[str, int]) -> set[str]:
+    """Names some node reads as data, i.e. not only as a compile-time operand of its op."""
+    used = set()
+    for node in graph.node:
+        const_positions = const_input_positions(
+            node.op_type, normalize_domain(node.domain), opsets.get(normalize_domain(node.domain), 0)
+        )
+        used.update(n for i, n in enumerate(node.input) if n and i not in const_positions)
+        used.update(_captured_names(node))
+    return used
+
+
+def _captured_names(node: onnx.NodeProto) -> set[str]:
+    """Names the subgraphs of ``node`` read from enclosing graphs."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        graphs = list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else (
+            [attr.g] if attr.type == onnx.AttributeProto.GRAPH else [])
+        for sub in graphs:
+            defined = {i.name for i in sub.input} | {i.name for i in sub.initializer} | {""}
+            defined |= {o for n in sub.node for o in n.output}
+            reads = {n for inner in sub.node for n in inner.input} | {o.name for o in sub.output}
+            reads |= {n for inner in sub.node for n in _captured_names(inner)}
+            names |= reads - defined
+    return names
+
+
+def _nodes_in_order(graph: onnx.GraphProto, outer_ok: bool = False) -> list[onnx.NodeProto]:
+    """Nodes in topological order (ONNX requires it, but some producers do not comply).
+
+    A node waits for its inputs and for what its subgraphs read from this graph. With
+    ``outer_ok`` (subgraphs) names no node of ``graph`` produces come from enclosing graphs."""
+    known = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    if outer_ok:
+        produced = {o for n in graph.node for o in n.output}
+        known |= {n for node in graph.node for n in (*node.input, *_captured_names(node))
+                  if n not in produced}
+    pending = list(graph.node)
+    ordered = []
+    while pending:
+        rest = []
+        for node in pending:
+            if all(n in known for n in node.input) and all(
+                n in known for n in _captured_names(node)
+            ):
+                ordered.append(node)
+                known.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):
+            missing = sorted({n for node in rest for n in (*node.input, *_captured_names(node))
+                              if n not in known})
+            raise ModelError(
+                f"{len(rest)} node(s) read tensors no node or input produces: {missing[:10]}. "
+                f"First: {rest[0].op_type} '{rest[0].name}'."
+            )
+        pending = rest
+    return ordered

@@ -1,0 +1,428 @@
+"""Which SessionOptions the session implements, and the checks of option values it runs.
+
+``OPTION_STATUS`` records, per field, whether the session implements it (BUILT), whether by
+design it cannot change a simulated result or estimate (NO_EFFECT, with the reason), or which
+issue will build it (PENDING). ``check_buildable()`` turns every non-default PENDING field into
+one ``NotImplementedOptionError``, so no option is ever silently ignored. The IO-tile (spec §9)
+and sharding-domain (§10.4) rules are checked here too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import NotImplementedOptionError, popart_exception
+from ..tensorinfo import ExchangeStrategy, TileSet
+from .enums import CommGroupType, VirtualGraphMode
+from .session_options import SessionOptions
+from .structs import CommGroup, TensorLocation
+from .typed import _hints
+
+_log = logging.getLogger("popart:session")
+
+# ----------------------------------------------------------------------------------------------
+# Build status of every option ("nothing silently ignored")
+# ----------------------------------------------------------------------------------------------
+
+
+class BuildState(enum.Enum):
+    BUILT = "built"
+    NO_EFFECT = "no effect"
+    PENDING = "pending"
+
+
+@dataclass(frozen=True)
+class OptionStatus:
+    """How the session treats a non-default value of one option."""
+
+    state: BuildState
+    issue: int | None = None
+    note: str = ""  # PENDING: what will be built; NO_EFFECT: why nothing can change
+
+
+@dataclass(frozen=True)
+class ByMode:
+    """An option whose status differs between inference and training sessions."""
+
+    inference: OptionStatus
+    training: OptionStatus
+
+
+BUILT = OptionStatus(BuildState.BUILT)
+
+
+def pending(issue: int | None, what: str) -> OptionStatus:
+    """Not built; ``issue`` is the open issue that will build it (None: none planned yet)."""
+    return OptionStatus(BuildState.PENDING, issue, what)
+
+
+def no_effect(why: str) -> OptionStatus:
+    return OptionStatus(BuildState.NO_EFFECT, None, why)
+
+
+_TRAINING = pending(3, "training")
+_NO_OUTLINING = no_effect("the simulator does not outline; code size is a fixed estimate")
+_SCHEDULER_SEARCH = no_effect("tunes the scheduler's search budget, not the schedule's meaning")
+_INFERENCE_ONLY_GRADS = "inference has no gradients"
+
+# Issues: #3 training/optimizer/accumulation, #5 pipelining/virtual graphs/replication/
+# recomputation/sync, #6 memory and cycle model/IO tiles/tensor locations/profiling/DOT and IR
+# dumps, #8 custom codelets; None: no issue plans it yet.
+OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
+    "logDir": BUILT,
+    "dotChecks": BUILT,
+    "firstDotOp": BUILT,
+    "finalDotOp": BUILT,
+    "dotOpNames": BUILT,
+    "separateCallOpPdfs": BUILT,
+    "exportPoplarComputationGraph": no_effect("there is no Poplar graph to export"),
+    "exportPoplarVertexGraph": no_effect("there is no Poplar vertex graph to export"),
+    "enableOutlining": _NO_OUTLINING,
+    "enableOutliningCopyCostPruning": _NO_OUTLINING,
+    "outlineThreshold": _NO_OUTLINING,
+    "outlineSequenceBreakCost": _NO_OUTLINING,
+    "subgraphCopyingStrategy": no_effect("subgraph copies are not modelled separately"),
+    "timeLimitScheduler": _SCHEDULER_SEARCH,
+    "swapLimitScheduler": _SCHEDULER_SEARCH,
+    "kahnTieBreaker": _SCHEDULER_SEARCH,
+    "transitiveClosureOptimizationThreshold": _SCHEDULER_SEARCH,
+    "serializedPoprithmsShiftGraphsDir": no_effect("there is no poprithms shift graph"),
+    "delayVarUpdates": pending(6, "schedule order in the liveness/memory model"),
+    "scheduleNonWeightUpdateGradientConsumersEarly": pending(
+        6, "schedule order in the liveness/memory model"
+    ),
+    "decomposeGradSum": ByMode(
+        no_effect(_INFERENCE_ONLY_GRADS), pending(3, "decomposed grad sums")
+    ),
+    "aliasZeroCopy": pending(6, "zero-copy aliasing in the memory model"),
+    # Recomputation clones forward ops into the backward pass; the IR is always explicit.
+    "autoRecomputation": ByMode(no_effect("inference has no backward pass"), BUILT),
+    "explicitRecomputation": ByMode(no_effect("inference has no backward pass"), BUILT),
+    "mergeVarUpdate": ByMode(no_effect("inference has no variable updates"), _TRAINING),
+    "mergeVarUpdateMemThreshold": ByMode(no_effect("inference has no variable updates"), _TRAINING),
+    "looseThresholdAtPeak": ByMode(no_effect("inference has no variable updates"), _TRAINING),
+    "rearrangeAnchorsOnHost": no_effect("simulated tensors have no tile layout to rearrange"),
+    "rearrangeStreamsOnHost": no_effect("simulated tensors have no tile layout to rearrange"),
+    "enablePrefetchDatastreams": pending(6, "host-stream prefetch in the cycle model"),
+    "defaultPrefetchBufferingDepth": pending(6, "host-stream prefetch in the cycle model"),
+    "prefetchBufferingDepthMap": pending(6, "host-stream prefetch in the cycle model"),
+    "groupHostSync": pending(6, "grouped host syncs in the cycle model"),
+    "syntheticDataMode": BUILT,
+    # Host-copy ops and explicit main loops only change the cycle timeline (overlapped IO).
+    "useHostCopyOps": BUILT,
+    "enableExplicitMainLoops": BUILT,
+    "enableMergeExchange": pending(6, "merged exchanges in the cycle model"),
+    "numIOTiles": BUILT,
+    # VirtualGraphMode.ExecutionPhases is rejected by the virtual-graph pass (issue #6).
+    "virtualGraphMode": BUILT,
+    "enablePipelining": BUILT,
+    # Replicas hold their own state; gradients are all-reduced (transforms/replication.py).
+    "enableReplicatedGraphs": BUILT,
+    "replicatedGraphCount": BUILT,
+    # Inference rejects accumulation itself with the spec's message (session.py).
+    "enableGradientAccumulation": BUILT,
+    "accumulationFactor": BUILT,
+    "accumulationAndReplicationReductionType": ByMode(no_effect(_INFERENCE_ONLY_GRADS), BUILT),
+    "meanAccumulationAndReplicationReductionStrategy": ByMode(
+        no_effect(_INFERENCE_ONLY_GRADS), BUILT
+    ),
+    # Instances meet over torch.distributed (gloo, env://): device/distributed.py.
+    "enableDistributedReplicatedGraphs": BUILT,
+    "globalReplicationFactor": BUILT,
+    "globalReplicaOffset": BUILT,
+    "executionPhaseSettings": pending(5, "execution phases"),
+    "accumulateOuterFragmentSettings": ByMode(
+        no_effect("inference has no accumulate outer fragment"),
+        pending(5, "accumulate outer fragment scheduling"),
+    ),
+    "batchSerializationSettings": pending(6, "batch serialisation"),
+    "autodiffSettings": ByMode(no_effect("inference runs no autodiff"), _TRAINING),
+    # Off-chip storage and replicated tensor sharding (transforms/rts.py) are built.
+    "activationTensorLocationSettings": BUILT,
+    "weightTensorLocationSettings": BUILT,
+    "optimizerStateTensorLocationSettings": BUILT,
+    "accumulatorTensorLocationSettings": BUILT,
+    "tensorLocationSettingsOverride": BUILT,
+    # transforms/numerics_options.py
+    "enableNonStableSoftmax": BUILT,
+    "enableStableNorm": no_effect(
+        "the simulated norms always take the variance about the mean (the stable form)"),
+    # Needs each float16 kernel's unrounded float32 result and a seeded draw per element.
+    "enableStochasticRounding": pending(None, "stochastic rounding of float16 results"),
+    "enableFloatingPointChecks": BUILT,
+    "partialsTypeMatMuls": BUILT,  # float16 products only (transforms/numerics_options.py)
+    "enableFullyConnectedPass": no_effect("only changes Poplar's matmul plan, not modelled"),
+    "enableSerializedMatmuls": pending(6, "serialised matmuls in the memory model"),
+    "groupNormStridedChannelGrouping": BUILT,  # transforms/numerics_options.py
+    "enableSupportedDataTypeCasting": pending(None, "strict 64-bit integer handling"),
+    "strictOpVersions": BUILT,
+    "opxAliasChecking": BUILT,  # transforms/numerics_options.py KernelChecks
+    "opxModifyChecking": BUILT,
+    "automaticLossScalingSettings": ByMode(
+        no_effect("inference has no loss scaling"), pending(3, "automatic loss scaling")
+    ),
+    # Session.getRNGState / setRNGState (device/simulator.py rng_state).
+    "enableLoadAndOffloadRNGState": BUILT,
+    "customCodelets": pending(8, "custom codelets"),
+    "customCodeletCompileFlags": pending(8, "custom codelets"),
+    "compileEngine": BUILT,
+    "constantWeights": BUILT,
+    "enableEngineCaching": pending(6, "engine caching"),
+    "cachePath": no_effect("read only with enableEngineCaching, which is checked itself"),
+    "instrumentWithHardwareCycleCounter": BUILT,
+    "hardwareInstrumentations": pending(6, "cycle instrumentation"),
+    "disableGradAccumulationTensorStreams": ByMode(
+        no_effect(_INFERENCE_ONLY_GRADS), pending(3, "gradient accumulation streams")
+    ),
+    "compilationProgressLogger": BUILT,  # called during prepareDevice() (progress.py)
+    "compilationProgressTotal": BUILT,
+    "engineOptions": BUILT,  # only "autoReport.all" is read; other keys are Poplar tuning
+    "convolutionOptions": pending(6, "convolution planning options in the cost model"),
+    "lstmOptions": pending(6, "LSTM planning options in the cost model"),
+    "matmulOptions": pending(6, "matmul planning options in the cost model"),
+    "reportOptions": no_effect("the simulated profile report has a fixed content"),
+    "gclOptions": pending(5, "collective (GCL) options"),
+}
+
+_missing = set(_hints(SessionOptions)) ^ set(OPTION_STATUS)
+if _missing:  # a new field must say how the session treats it
+    raise AssertionError(f"OPTION_STATUS and SessionOptions disagree on: {sorted(_missing)}")
+del _missing
+
+
+def option_status(name: str, training: bool) -> OptionStatus:
+    """The status of option ``name`` for an inference (False) or training (True) session."""
+    status = OPTION_STATUS[name]
+    if isinstance(status, ByMode):
+        return status.training if training else status.inference
+    return status
+
+
+_DEFAULTS: SessionOptions | None = None
+
+
+def _default_options() -> SessionOptions:
+    """One shared, never-mutated default instance (building one costs ~0.5 ms per session)."""
+    global _DEFAULTS
+    if _DEFAULTS is None:
+        _DEFAULTS = SessionOptions()
+    return _DEFAULTS
+
+
+def non_default_options(options: SessionOptions) -> dict[str, tuple[Any, Any]]:
+    """Field name -> (value, default) for every option that differs from its default."""
+    defaults = _default_options()
+    changed = {}
+    for f in dataclasses.fields(SessionOptions):
+        value, default = getattr(options, f.name), getattr(defaults, f.name)
+        if value != default:
+            changed[f.name] = (value, default)
+    return changed
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(sorted(_fmt(v) for v in value)) + "}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_fmt(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def _differences(path: str, value: Any, default: Any) -> list[str]:
+    """``path = value (default d)`` for each differing leaf, descending into option structs."""
+    if dataclasses.is_dataclass(value) and type(value) is type(default):
+        lines = []
+        for f in dataclasses.fields(value):
+            sub_value, sub_default = getattr(value, f.name), getattr(default, f.name)
+            if sub_value != sub_default:
+                lines += _differences(f"{path}.{f.name}", sub_value, sub_default)
+        return lines
+    return [f"{path} = {_fmt(value)} (default {_fmt(default)})"]
+
+
+# Parts of a built option struct that are still pending (none: replicated tensor sharding and
+# its sharding domains are built by transforms/rts.py).
+_PENDING_PARTS: dict[str, OptionStatus] = {}
+
+
+def check_sharding_domain(domain: CommGroup, where: str, local_replicas: int,
+                          global_replicas: int) -> int:
+    """The number of replicas a tensor sharded over ``domain`` is split across (spec §10.4).
+
+    ``where`` names the tensor and the setting it came from. Raises popart_exception for a
+    domain RTS cannot use: Orthogonal or Ungrouped, a Consecutive size that does not divide
+    the replicas, All over more than one instance (each host needs the whole tensor), or a
+    Consecutive size other than the local replicas with more than one instance.
+    """
+    instances = global_replicas // local_replicas if local_replicas else 1
+    kind = domain.type
+    if kind is CommGroupType.All:
+        if instances > 1:
+            raise popart_exception(
+                f"{where}: replicated tensor sharding over CommGroup(All) is not supported with "
+                f"{instances} instances ({global_replicas} replicas in total, {local_replicas} "
+                f"per instance): each host needs the whole tensor. Use "
+                f"CommGroup(CommGroupType.Consecutive, {local_replicas}) as the shardingDomain."
+            )
+        return global_replicas
+    if kind is not CommGroupType.Consecutive:
+        raise popart_exception(
+            f"{where}: replicated tensor sharding supports the sharding domains "
+            f"CommGroupType.All and CommGroupType.Consecutive, not {kind.name}."
+        )
+    size = domain.replicaGroupSize
+    if size < 1 or global_replicas % size:
+        raise popart_exception(
+            f"{where}: shardingDomain CommGroup(Consecutive, replicaGroupSize={size}) must split "
+            f"the {global_replicas} replicas into equal groups; use a group size >= 1 that "
+            f"divides {global_replicas}."
+        )
+    if instances > 1 and size != local_replicas:
+        raise popart_exception(
+            f"{where}: with {instances} instances the shardingDomain CommGroup(Consecutive, "
+            f"replicaGroupSize={size}) must have the size of the local replicas, "
+            f"{local_replicas} (shards are gathered inside one instance)."
+        )
+    return size
+
+
+def check_buildable(options: SessionOptions, training: bool) -> None:
+    """Raise NotImplementedOptionError naming every non-default option not built yet.
+
+    Non-default NO_EFFECT options are logged as a warning on ``popart:session`` with the reason.
+    """
+    if not isinstance(options, SessionOptions):
+        raise popart_exception(
+            f"userOptions must be a SessionOptions, got {type(options).__name__}."
+        )
+    mode = "training" if training else "inference"
+    offending = []
+    for name, (value, default) in non_default_options(options).items():
+        status = option_status(name, training)
+        diffs = _differences(name, value, default)
+        if name == "tensorLocationSettingsOverride":
+            diffs = [d for tid, loc in value.items()
+                     for d in _differences(f"{name}[{tid!r}]", loc, TensorLocation())]
+        for diff in diffs:
+            part = next((p for p in _PENDING_PARTS if f".{p}" in diff.split(" = ")[0]), None)
+            state = _PENDING_PARTS[part] if part is not None else status
+            if state.state is BuildState.PENDING:
+                plan = (f"to be built by issue #{state.issue}" if state.issue is not None
+                        else "not built yet")
+                offending.append(f"  - {diff}: {state.note}, {plan}")
+            elif state.state is BuildState.NO_EFFECT:
+                _log.warning(
+                    "SessionOptions.%s has no effect in the simulator: %s.", diff, state.note
+                )
+    if offending:
+        raise NotImplementedOptionError(
+            f"This {mode} session sets {len(offending)} SessionOptions value(s) whose behaviour "
+            "is not built yet:\n"
+            + "\n".join(offending)
+            + "\nReset them to their defaults to run now."
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# IO tiles and overlapped host IO (spec §9, F100-F104)
+# ----------------------------------------------------------------------------------------------
+
+# PopART 2.3's numIOTiles range on a full-size IPU.
+IO_TILES_MIN, IO_TILES_MAX = 32, 192
+_OVERLAP = (ExchangeStrategy.OverlapInnerLoop, ExchangeStrategy.OverlapLoops)
+_LOCATION_SETTINGS = ("activationTensorLocationSettings", "weightTensorLocationSettings",
+                      "optimizerStateTensorLocationSettings", "accumulatorTensorLocationSettings")
+
+
+def check_io_options(options: SessionOptions, streams: dict[str, tuple[TileSet, ExchangeStrategy]],
+                     tiles_per_ipu: int, full_chip_tiles: int) -> None:
+    """Check ``numIOTiles``, ``enableExplicitMainLoops`` / ``useHostCopyOps`` and the tile set
+    and exchange strategy of each host stream (``streams``: "input 'x'" / "anchor 'y'" ->
+    (TileSet, ExchangeStrategy)) against the device's tile count. Raises popart_exception.
+
+    PopART 2.3 wants an even ``numIOTiles`` in [32, 192]; a simulated device with fewer tiles
+    than the real chip (IpuModel default: 4) accepts any even 0 < n < tilesPerIPU with a
+    warning instead (spec §9 decision).
+    """
+    n = options.numIOTiles
+    if n < 0 or n % 2:
+        raise popart_exception(
+            f"SessionOptions.numIOTiles = {n}: the number of IO tiles must be an even number "
+            f"(0 for none)."
+        )
+    if n > 0:
+        if n >= tiles_per_ipu:
+            raise popart_exception(
+                f"SessionOptions.numIOTiles = {n} leaves no compute tiles: the device has "
+                f"{tiles_per_ipu} tiles per IPU. Use an even number below {tiles_per_ipu}, or a "
+                f"device with more tiles (createIpuModelDevice({{'tilesPerIPU': ...}}))."
+            )
+        if not IO_TILES_MIN <= n <= IO_TILES_MAX:
+            if tiles_per_ipu >= full_chip_tiles:
+                raise popart_exception(
+                    f"SessionOptions.numIOTiles = {n} is outside [{IO_TILES_MIN}, "
+                    f"{IO_TILES_MAX}], the range for a full IPU of {tiles_per_ipu} tiles. Use an "
+                    f"even number in that range."
+                )
+            _log.warning(
+                "SessionOptions.numIOTiles = %d is outside PopART's range [%d, %d]; accepted "
+                "because the simulated device has only %d tiles per IPU (%d compute tiles).",
+                n, IO_TILES_MIN, IO_TILES_MAX, tiles_per_ipu, tiles_per_ipu - n)
+        if options.virtualGraphMode is VirtualGraphMode.Off:
+            raise popart_exception(
+                f"SessionOptions.numIOTiles = {n} needs virtual graphs (each IPU's graph is split "
+                f"into compute and IO tile sets): set virtualGraphMode to VirtualGraphMode.Manual "
+                f"or VirtualGraphMode.Auto."
+            )
+    if options.enableExplicitMainLoops and not options.useHostCopyOps:
+        raise popart_exception(
+            "enableExplicitMainLoops requires useHostCopyOps: set SessionOptions.useHostCopyOps "
+            "= True as well, or turn enableExplicitMainLoops off."
+        )
+    for what, (tile_set, strategy) in streams.items():
+        if strategy is ExchangeStrategy.OverlapStep:
+            raise popart_exception(
+                f"ExchangeStrategy::OverlapStep is not yet supported. {what} asks for it; use "
+                f"ExchangeStrategy.OverlapInnerLoop or OverlapLoops."
+            )
+        if tile_set is TileSet.IO and n == 0:
+            raise popart_exception(
+                f"{what} is streamed to TileSet.IO, but SessionOptions.numIOTiles = 0. Set "
+                f"numIOTiles to an even number of IO tiles or use TileSet.Compute."
+            )
+        if strategy in _OVERLAP:
+            missing = [text for text, ok in (
+                ("useHostCopyOps = True", options.useHostCopyOps),
+                ("enableExplicitMainLoops = True", options.enableExplicitMainLoops),
+                ("virtualGraphMode Manual or Auto",
+                 options.virtualGraphMode is not VirtualGraphMode.Off),
+            ) if not ok]
+            if missing:
+                raise popart_exception(
+                    f"{what} uses ExchangeStrategy.{strategy.name}, which needs "
+                    f"{', '.join(missing)} in SessionOptions (overlapped IO runs in explicit "
+                    f"main loops with host-copy ops on virtual graphs)."
+                )
+            if tile_set is not TileSet.IO:
+                _log.warning(
+                    "%s uses ExchangeStrategy.%s on TileSet.Compute: it compiles and runs, but "
+                    "only streams on TileSet.IO overlap with compute, so there is no speed-up.",
+                    what, strategy.name)
+    if n == 0:
+        locations = [(f"{name}.location", getattr(options, name).location)
+                     for name in _LOCATION_SETTINGS]
+        locations += [(f"tensorLocationSettingsOverride[{tid!r}]", loc)
+                      for tid, loc in options.tensorLocationSettingsOverride.items()]
+        for where, loc in locations:
+            for field_name in ("loadTileSet", "storageTileSet"):
+                if getattr(loc, field_name) is TileSet.IO:
+                    raise popart_exception(
+                        f"SessionOptions.{where}.{field_name} = TileSet.IO, but numIOTiles = 0. "
+                        f"Set numIOTiles to an even number of IO tiles or use TileSet.Compute."
+                    )

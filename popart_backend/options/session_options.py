@@ -1,0 +1,202 @@
+"""SessionOptions (spec §2.2–§2.4 and §10, F8–F10).
+
+Every option is a typed dataclass field carrying its PopART 2.3 default. Assignments are checked:
+an unknown name or a value of the wrong type raises ``popart_exception`` instead of being
+silently kept. The backend string dicts (``engineOptions`` ...) are ``OptionDict`` objects, so
+``opts.engineOptions["k"] = "v"`` persists (F10).
+
+Which options the session implements, and the checks of their values, are in ``checks.py``;
+the enums in ``enums.py``, the option structs (CommGroup, TensorLocation, the settings groups) in
+``structs.py``, the type-checked assignment (``_Typed``, ``OptionDict``) in ``typed.py`` and
+Patterns in ``patterns.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import popart_exception
+from .enums import (
+    DotCheck,
+    Instrumentation,
+    MeanReductionStrategy,
+    MergeVarUpdateType,
+    RecomputationType,
+    ReductionType,
+    SubgraphCopyingStrategy,
+    SyntheticDataMode,
+    VirtualGraphMode,
+)
+from .structs import (
+    AccumulateOuterFragmentSettings,
+    AutodiffSettings,
+    AutomaticLossScalingSettings,
+    BatchSerializationSettings,
+    ExecutionPhaseSettings,
+    TensorLocation,
+    TensorLocationSettings,
+)
+from .typed import _Typed
+
+__all__ = ["SessionOptions"]
+
+_log = logging.getLogger("popart:session")
+
+# ----------------------------------------------------------------------------------------------
+# SessionOptions
+# ----------------------------------------------------------------------------------------------
+
+
+def _str_dict():
+    return field(default_factory=dict)
+
+
+@dataclass
+class SessionOptions(_Typed):
+    """All 2.3 session options with their defaults (spec §2.4, F9)."""
+
+    # Debug / DOT
+    logDir: str = ""
+    dotChecks: set[DotCheck] = field(default_factory=set)
+    firstDotOp: int = 0
+    finalDotOp: int = 10000
+    dotOpNames: bool = False
+    separateCallOpPdfs: bool = True
+    exportPoplarComputationGraph: bool = False
+    exportPoplarVertexGraph: bool = False
+    # Outlining / scheduling
+    enableOutlining: bool = True
+    enableOutliningCopyCostPruning: bool = True
+    outlineThreshold: float = 1.0
+    outlineSequenceBreakCost: float = 10000.0
+    subgraphCopyingStrategy: SubgraphCopyingStrategy = SubgraphCopyingStrategy.OnEnterAndExit
+    timeLimitScheduler: float = 1e9
+    swapLimitScheduler: int = 1_000_000_000
+    kahnTieBreaker: str = "greedy"
+    transitiveClosureOptimizationThreshold: int = 100000
+    serializedPoprithmsShiftGraphsDir: str = ""
+    delayVarUpdates: bool = True
+    scheduleNonWeightUpdateGradientConsumersEarly: bool = False
+    decomposeGradSum: bool = False
+    aliasZeroCopy: bool = False
+    # Recomputation / variable updates
+    autoRecomputation: RecomputationType = RecomputationType.NoRecompute
+    explicitRecomputation: bool = False
+    mergeVarUpdate: MergeVarUpdateType = MergeVarUpdateType.Off
+    mergeVarUpdateMemThreshold: int = 1000000
+    looseThresholdAtPeak: int = 8000
+    # Host streams
+    rearrangeAnchorsOnHost: bool = True
+    rearrangeStreamsOnHost: bool = False
+    enablePrefetchDatastreams: bool = True
+    defaultPrefetchBufferingDepth: int = 1
+    prefetchBufferingDepthMap: dict[str, int] = _str_dict()
+    groupHostSync: bool = False
+    syntheticDataMode: SyntheticDataMode = SyntheticDataMode.Off
+    useHostCopyOps: bool = False
+    enableExplicitMainLoops: bool = False
+    enableMergeExchange: bool = True
+    numIOTiles: int = 0
+    # Parallelism
+    virtualGraphMode: VirtualGraphMode = VirtualGraphMode.Off
+    enablePipelining: bool = False
+    enableReplicatedGraphs: bool = False
+    replicatedGraphCount: int = 1
+    enableGradientAccumulation: bool = False
+    accumulationFactor: int = 1
+    accumulationAndReplicationReductionType: ReductionType = ReductionType.Sum
+    meanAccumulationAndReplicationReductionStrategy: MeanReductionStrategy = (
+        MeanReductionStrategy.PostAndLoss
+    )
+    enableDistributedReplicatedGraphs: bool = False
+    globalReplicationFactor: int = 1
+    globalReplicaOffset: int = 0
+    executionPhaseSettings: ExecutionPhaseSettings = field(default_factory=ExecutionPhaseSettings)
+    accumulateOuterFragmentSettings: AccumulateOuterFragmentSettings = field(
+        default_factory=AccumulateOuterFragmentSettings
+    )
+    batchSerializationSettings: BatchSerializationSettings = field(
+        default_factory=BatchSerializationSettings
+    )
+    autodiffSettings: AutodiffSettings = field(default_factory=AutodiffSettings)
+    # Tensor locations (spec §10)
+    activationTensorLocationSettings: TensorLocationSettings = field(
+        default_factory=TensorLocationSettings
+    )
+    weightTensorLocationSettings: TensorLocationSettings = field(
+        default_factory=TensorLocationSettings
+    )
+    optimizerStateTensorLocationSettings: TensorLocationSettings = field(
+        default_factory=TensorLocationSettings
+    )
+    accumulatorTensorLocationSettings: TensorLocationSettings = field(
+        default_factory=TensorLocationSettings
+    )
+    tensorLocationSettingsOverride: dict[str, TensorLocation] = _str_dict()
+    # Numerics / engine
+    enableNonStableSoftmax: bool = False
+    enableStableNorm: bool = False
+    enableStochasticRounding: bool = False
+    enableFloatingPointChecks: bool = False
+    partialsTypeMatMuls: str = ""
+    enableFullyConnectedPass: bool = True
+    enableSerializedMatmuls: bool = True
+    groupNormStridedChannelGrouping: bool = False
+    enableSupportedDataTypeCasting: bool = True
+    strictOpVersions: bool = True
+    opxAliasChecking: bool = False
+    opxModifyChecking: bool = False
+    automaticLossScalingSettings: AutomaticLossScalingSettings = field(
+        default_factory=AutomaticLossScalingSettings
+    )
+    enableLoadAndOffloadRNGState: bool = False
+    customCodelets: list[str] = field(default_factory=list)
+    customCodeletCompileFlags: str = ""
+    # Engine / caching / instrumentation
+    compileEngine: bool = True
+    constantWeights: bool = True
+    enableEngineCaching: bool = False
+    cachePath: str = "session_cache"
+    instrumentWithHardwareCycleCounter: bool = False
+    hardwareInstrumentations: set[Instrumentation] = field(
+        default_factory=lambda: {Instrumentation.Outer}
+    )
+    disableGradAccumulationTensorStreams: bool = False
+    compilationProgressLogger: Callable[[int, int], None] | None = None
+    compilationProgressTotal: int = 100
+    # Backend option dicts (F10)
+    engineOptions: dict[str, str] = _str_dict()
+    convolutionOptions: dict[str, str] = _str_dict()
+    lstmOptions: dict[str, str] = _str_dict()
+    matmulOptions: dict[str, str] = _str_dict()
+    reportOptions: dict[str, str] = _str_dict()
+    gclOptions: dict[str, str] = _str_dict()
+
+    def getGlobalReplicationFactor(self) -> int:  # noqa: N802 - PopART's name
+        """Replicas over all instances: grf if distributed, else the local count if replicated."""
+        if self.enableDistributedReplicatedGraphs:
+            return self.globalReplicationFactor
+        if self.enableReplicatedGraphs:
+            return self.replicatedGraphCount
+        return 1
+
+    def getAccumulationFactor(self) -> int:  # noqa: N802
+        """``accumulationFactor`` if accumulation is on, else 1; raises if the two disagree."""
+        if not self.enableGradientAccumulation:
+            if self.accumulationFactor > 1:
+                raise popart_exception(
+                    "enableGradientAccumulation is false, but accumulationFactor > 1 "
+                    f"(accumulationFactor = {self.accumulationFactor}). Either enable gradient "
+                    "accumulation, or set the accumulation factor to 1."
+                )
+            return 1
+        return self.accumulationFactor
+
+    def explicitPipeliningEnabled(self) -> bool:  # noqa: N802
+        """Pipelining is explicit iff pipelining, host-copy ops and explicit main loops are on."""
+        return self.enablePipelining and self.useHostCopyOps and self.enableExplicitMainLoops
+
+    def implicitPipeliningEnabled(self) -> bool:  # noqa: N802
+        return self.enablePipelining and not self.explicitPipeliningEnabled()

@@ -1,0 +1,339 @@
+"""Compiling a wrapped module: trace, place, build and prepare a backend session per input
+signature (spec §2.1-§2.3, P5, P6, P15, P24, P44, P57).
+
+``CompileMixin`` gives ``PoplarExecutor`` its compile side: binding a call to ``forward``'s
+signature, the executable cache keyed by input signature (a new signature compiles again, with a
+warning), tracing with the train/eval flags the model had when wrapped, stage / IPU placement,
+device acquisition and the ``InferenceSession`` / ``TrainingSession`` built from the traced ONNX
+model. ``_Executable`` is one compiled signature. Also here: the compile hooks, ``find_loss``
+(the traced loss) and ``backend_error`` (a backend exception with the user's source line).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+
+import numpy as np
+import onnx
+import torch
+import tqdm
+
+import popart_backend as popart
+
+from .. import blocks, optimizer_translation, tracing
+from ..errors import Error
+from ..options.enums import OutputMode
+from .distributed import _init_distributed
+
+_log = logging.getLogger("poptorch_lite")
+
+_ART = {OutputMode.All: "All", OutputMode.Final: "Final", OutputMode.EveryN: "EveryN",
+        OutputMode.Sum: "Sum"}
+
+_pre_compile_hooks: list = []
+_post_compile_hooks: list = []
+
+# The simulated machine's size (lite; spec §2.3): more IPUs than this cannot be acquired.
+MAX_IPUS = 64
+
+
+class _Executable:
+    """One compiled input signature: traced model, backend session and IO tables."""
+
+    def __init__(self, traced: tracing.TracedModel, session, divisor: int, device_weights,
+                 translation=None):
+        self.traced = traced
+        self.session = session
+        self.divisor = divisor
+        self.device_weights = device_weights  # ONNX initializer -> FQN, device-held only
+        self.translation = translation  # training: the optimizer as compiled
+        self.placement: blocks.Placement | None = None  # stages and IPUs (spec §2.3)
+        # Per distinct output name: (name, host shape or None when the anchor array has it
+        # already, narrowed dtype or None), built on the first run from the anchor arrays
+        # (their sizes are fixed by the compiled session).
+        self.output_table: list[tuple] | None = None
+
+
+class CompileMixin:
+    """``PoplarExecutor``'s compile side: the executable cache and how an executable is built."""
+
+    def compile(self, *args, **kwargs) -> None:
+        """Trace and compile for these inputs without running (P6)."""
+        if self.isCompiled():
+            warnings.warn("compile(): the wrapper is already compiled; nothing to do.",
+                          UserWarning, stacklevel=2)
+            return
+        leaves, signature = self._signature(args, kwargs)
+        self._select(leaves, signature)
+
+    def _signature(self, args, kwargs):
+        named = tracing.bind_inputs(self._user_model.forward, args, kwargs)
+        leaves, signature = tracing.flatten_inputs(named)
+        return leaves, signature
+
+    def _select(self, leaves, signature) -> _Executable:
+        key = signature.key()
+        executable = self._executables.get(key)
+        if executable is None:
+            if self._executables:
+                old = self._active.traced.signature
+                warnings.warn(
+                    f"The inputs differ from those used to compile ({_diff(old, signature)}); "
+                    f"recompiling for the new input signature. Keep input shapes fixed (e.g. "
+                    f"drop_last=True) to avoid recompilation.", UserWarning, stacklevel=4)
+            executable = self._compile(leaves, signature)
+            self._executables[key] = executable
+            self._switch_to(executable, fresh=True)
+        elif executable is not self._active:
+            self._switch_to(executable, fresh=False)
+        return executable
+
+    def _switch_to(self, executable: _Executable, fresh: bool) -> None:
+        # The host is current here: _compile() pulled before tracing, or we pull now.
+        self._link.pull()
+        previous = self._active
+        if previous is not None and self._training and self._attached:
+            self._read_optimizer_state()
+        self.__dict__["_active"] = executable
+        if not fresh and self._attached:
+            self.copyWeightsToDevice()
+        if self._training and previous is not None and self._attached:
+            # The new executable continues from the old one's optimizer state.
+            self._write_optimizer_state()
+
+    def _compile(self, leaves, signature) -> _Executable:
+        for hook in _pre_compile_hooks:
+            hook()
+        start = time.monotonic()
+        self._link.pull()  # the trace bakes the host weights into the initializers
+        divisor = tracing.check_combined_batch(signature, self._options)
+        kind = "training" if self._training else "inference"
+        with tqdm.tqdm(total=3, desc=f"Compiling {kind} model", unit="phase", leave=False,
+                       disable=not self._options._values["showCompilationProgressBar"]) as bar:
+            bar.set_postfix_str("trace + ONNX export")
+            traced = self._trace(leaves, signature, divisor)
+            bar.update()
+            bar.set_postfix_str("check ops")
+            tracing.check_supported(traced)
+            if self._training:
+                self._check_batch_norms()
+            bar.update()
+            bar.set_postfix_str("build session + prepareDevice")
+            placement = self._place(traced)
+            session, translation = self._build_session(traced, placement)
+            device_weights = self._device_weight_map(session, traced)
+            bar.update()
+        executable = _Executable(traced, session, divisor, device_weights, translation)
+        executable.placement = placement
+        self.__dict__["_compile_seconds"] = time.monotonic() - start
+        _log.info("compiled the %s model in %.2f s", kind, self._compile_seconds)
+        if not self._offline():
+            self.__dict__["_attached"] = True
+        for hook in _post_compile_hooks:
+            hook()
+        return executable
+
+    def _trace(self, leaves, signature, divisor) -> tracing.TracedModel:
+        modules = dict(self._user_model.named_modules())
+        saved = {name: m.training for name, m in modules.items()}
+        try:
+            for name, module in modules.items():
+                module.training = self._flags.get(name, module.training)
+            return tracing.trace(
+                self._user_model, leaves, signature, divisor,
+                exporter=self._options._values["Jit.exporter"],
+                excludes=tuple(self._options._values["sourceLocationExcludes"]))
+        finally:
+            for name, module in modules.items():
+                module.training = saved[name]
+
+    def _place(self, traced: tracing.TracedModel) -> blocks.Placement:
+        """Stages and IPUs from the traced blocks and the execution strategy (spec §2.3)."""
+        values = self._options._values
+        placement = blocks.place_model(traced.proto, values["executionStrategy"])
+        blocks.check_pipeline_depth(placement, self._training,
+                                    values["Training.gradientAccumulation"],
+                                    self._options.device_iterations)
+        return placement
+
+    def _num_ipus(self, placement: blocks.Placement) -> int:
+        """Device IPUs = replicas × IPUs per replica (P44), power of two unless rounded."""
+        replicas = self._options.replication_factor
+        needed = placement.ipus_per_replica * replicas
+        if needed > MAX_IPUS:
+            raise Error(f"too many IPUs requested ({needed}): {placement.ipus_per_replica} IPU(s) "
+                        f"per replica × replicationFactor({replicas}) exceeds the simulated "
+                        f"machine's {MAX_IPUS} IPUs. Lower replicationFactor or place the model "
+                        f"on fewer IPUs.")
+        if needed & (needed - 1):
+            if not self._options._values["autoRoundNumIPUs"]:
+                raise Error(f"The model needs {needed} IPUs ({placement.ipus_per_replica} per "
+                            f"replica × replicationFactor({replicas})), which is not a power of "
+                            f"two. Use Options.autoRoundNumIPUs(True) to round up (extra IPUs "
+                            f"idle), or change the ipu_ids / replicationFactor.")
+            needed = 1 << (needed - 1).bit_length()
+            if needed % replicas:
+                raise Error(f"autoRoundNumIPUs: {needed} IPUs do not split into "
+                            f"replicationFactor({replicas}) equal replicas; use a power-of-two "
+                            f"replicationFactor.")
+        return needed
+
+    def _acquire_device(self, num_ipus: int):
+        if self._device is not None:
+            return self._device
+        values = self._options._values
+        manager = popart.DeviceManager()
+        connection = popart.DeviceConnectionType[values["connectionType"].name]
+        if connection is popart.DeviceConnectionType.Never:
+            version = values["offlineIpuVersion"] or 2
+            device = manager.createOfflineIPUDevice(
+                {"numIPUs": num_ipus, "ipuVersion": f"ipu{version}"})
+        elif values["useIpuModel"]:
+            device = manager.createIpuModelDevice({"numIPUs": num_ipus})
+        elif values["ipuId"] is not None:
+            device = manager.acquireDeviceById(values["ipuId"], connectionType=connection)
+        else:
+            device = manager.acquireAvailableDevice(
+                num_ipus, pattern=popart.SyncPattern[values["syncPattern"].name],
+                connectionType=connection)
+        if device is None:
+            raise Error(f"failed to acquire {num_ipus} IPU(s): every simulated IPU of that size "
+                        f"is in use. Call detachFromDevice() or destroy() on another wrapper.")
+        self.__dict__["_device"] = device
+        return device
+
+    def _build_session(self, traced: tracing.TracedModel, placement: blocks.Placement):
+        values = self._options._values
+        mode = self._options.resolved_output_mode(self._training)
+        period = self._options.output_return_period
+        n = self._options.device_iterations
+        if mode is OutputMode.EveryN and n % period:
+            raise Error(f"outputMode(EveryN, {period}): the period must divide "
+                        f"deviceIterations ({n}).")
+        art = (popart.AnchorReturnType("EveryN", period) if mode is OutputMode.EveryN
+               else popart.AnchorReturnType(_ART[mode]))
+        anchors = {name: art for name in dict.fromkeys(traced.output_names)}
+        data_flow = popart.DataFlow(n, anchors)
+        session_options = self._options.to_backend(self._training)
+        if placement.multi_ipu:
+            session_options.virtualGraphMode = popart.VirtualGraphMode.Manual
+            session_options.enablePipelining = placement.pipelined
+        if values["profilingDir"] is not None:
+            session_options.engineOptions = {**session_options.engineOptions,
+                                             "autoReport.all": "true",
+                                             "autoReport.directory": values["profilingDir"]}
+        device = self._acquire_device(self._num_ipus(placement))
+        _init_distributed(self._options)
+        translation = None
+        try:
+            if self._training:
+                session, translation = self._build_training_session(
+                    traced, data_flow, device, session_options)
+            else:
+                session = popart.InferenceSession(traced.proto, data_flow, device,
+                                                  userOptions=session_options,
+                                                  name=values["modelName"] or "inference")
+            if values["randomSeed"] is not None:
+                session.setRandomSeed(values["randomSeed"])
+            session.prepareDevice()
+            if not self._offline():
+                session.weightsFromHost()
+        except popart.popart_exception as exc:
+            raise backend_error(exc, traced) from exc
+        if translation is not None and not self._offline() and self._optimizer.state:
+            # e.g. Adagrad's initial accumulator, or a state loaded from a checkpoint
+            self._write_optimizer_state(session, translation)
+        return session, translation
+
+    def _build_training_session(self, traced, data_flow, device, session_options):
+        loss_id = find_loss(traced)
+        translation = optimizer_translation.translate(
+            self._optimizer, self._user_model, traced.param_map, self._running_stat_names())
+        session = popart.TrainingSession(traced.proto, data_flow, loss_id, translation.backend,
+                                         device, userOptions=session_options,
+                                         name=self._options._values["modelName"] or "training")
+        return session, translation
+
+    def _batch_norms(self) -> list[tuple[str, torch.nn.modules.batchnorm._BatchNorm]]:
+        """BatchNorm modules that update running statistics in this (training) wrapper."""
+        return [(name, m) for name, m in self._user_model.named_modules()
+                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                and m.track_running_stats and self._flags.get(name, m.training)]
+
+    def _check_batch_norms(self) -> None:
+        for name, module in self._batch_norms():
+            if module.momentum is None:
+                raise Error(f"BatchNorm '{name}' has momentum=None (cumulative moving average), "
+                            f"which the device does not implement; give it a momentum "
+                            f"(torch's default is 0.1).")
+
+    def _running_stat_names(self) -> set[str]:
+        names = set()
+        for name, _ in self._batch_norms():
+            prefix = f"{name}." if name else ""
+            names.update((prefix + "running_mean", prefix + "running_var"))
+        return names
+
+    @staticmethod
+    def _device_weight_map(session, traced: tracing.TracedModel) -> dict[str, str]:
+        """The mapped initializers the session keeps as device weights (others are constants)."""
+        held = {}
+        inits = {i.name: i for i in traced.proto.graph.initializer}
+        for onnx_name, fqn in traced.param_map.items():
+            init = inits[onnx_name]
+            array = np.empty(tuple(init.dims),
+                             dtype=onnx.helper.tensor_dtype_to_np_dtype(init.data_type))
+            try:
+                session.readWeights(popart.PyWeightsIO({onnx_name: array}))
+            except popart.popart_exception:
+                _log.debug("'%s' (%s) is a constant of the compiled model", fqn, onnx_name)
+                continue
+            held[onnx_name] = fqn
+        return held
+
+
+def _diff(old: tracing.InputSignature, new: tracing.InputSignature) -> str:
+    if str(old.treedef) != str(new.treedef):
+        return f"structure {old.treedef} became {new.treedef}"
+    parts = []
+    for a, b in zip(old.leaves, new.leaves):
+        if a.describe() != b.describe():
+            parts.append(f"input {a.path}: compiled with {a.describe()}, got {b.describe()}")
+    return "; ".join(parts) or "input signature changed"
+
+
+def find_loss(traced: tracing.TracedModel) -> str:
+    """The one final loss among forward's outputs (P57): an IdentityLoss output, else the only
+    0-d float output."""
+    producers = {out: node for node in traced.proto.graph.node for out in node.output}
+    outputs = list(dict.fromkeys(traced.output_names))
+    marked = [o for o in outputs if o in producers and producers[o].op_type == "IdentityLoss"]
+    if len(marked) == 1:
+        return marked[0]
+    shapes = {o.name: o.type.tensor_type for o in traced.proto.graph.output}
+    scalars = [o for o in outputs if shapes[o].HasField("shape") and not shapes[o].shape.dim
+               and shapes[o].elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
+    candidates = marked or scalars
+    if len(candidates) == 1:
+        return candidates[0]
+    if not candidates:
+        raise Error("no loss found in the traced graph; return a torch loss or wrap your "
+                    "expression in poptorch_lite.identity_loss (the loss must be among "
+                    "forward's returned values).")
+    raise Error(f"{len(candidates)} independent losses ({', '.join(candidates)}); combine them "
+                f"and wrap the sum in poptorch_lite.identity_loss.")
+
+
+def backend_error(exc: Exception, traced: tracing.TracedModel) -> Error:
+    """A backend exception as an Error carrying the user's source line when it names a node."""
+    text = str(exc)
+    location = ""
+    for node_name, where in traced.node_locations.items():
+        if f"'{node_name}'" in text or where in text:
+            location = where
+            break
+    kind = "out_of_memory" if isinstance(exc, popart.OutOfMemoryException) else (
+        "unsupported_op" if isinstance(exc, popart.UnsupportedOpError) else "popart_backend_error")
+    return Error(f"{type(exc).__name__}: {text}", type=kind, location=location)

@@ -1,0 +1,266 @@
+"""``PoplarExecutor``: the wrapper that compiles a module for the simulated IPU and runs it
+(spec §2.1-§2.4, P1-P20, P24, P25).
+
+This module holds the wrapper itself: its construction (options frozen and privately copied,
+the train/eval flags to trace, the training link to the user model), the pass-through to the
+user model, the compiled / attached state, attach / detach / destroy and the pipeline summary.
+The rest of its behaviour comes from mixins, one module each:
+
+- ``compilation.py`` (``CompileMixin``): a call binds the arguments to ``forward``'s signature,
+  flattens them, and looks up the executable compiled for that input signature (a new signature
+  traces and compiles again, with a warning). The executable is a ``popart_backend`` session
+  built from the traced ONNX model.
+- ``running.py`` (``RunMixin``): inputs go in as one ``PyStepIO`` per call
+  (``deviceIterations`` × accumulation micro-batches), outputs come back per ``OutputMode``
+  reshaped PopTorch-style (§2.4 stacking rule).
+- ``state_sync.py`` (``StateSyncMixin``): training wrappers build the backend optimizer from the
+  torch/lite optimizer (``optimizer_translation.py``), leave the host weights stale after each
+  run and pull them on first host access (``weight_sync.py``, P10), and move optimizer state
+  between the device and ``optimizer.state`` (torch's format) when ``optimizer.state_dict()`` is
+  called, at ``detachFromDevice()`` / ``destroy()``, and after ``load_state_dict`` (P56).
+- ``distributed.py``: the multi-process rendezvous (§5.3).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import blocks
+from ..blocks import block_annotations
+from ..errors import Error
+from ..options.enums import ConnectionType, OutputMode
+from ..options.options import Options
+from . import weight_sync
+from .compilation import (
+    CompileMixin,
+    _Executable,
+)
+from .running import RunMixin
+from .state_sync import StateSyncMixin
+
+__all__ = ["PoplarExecutor"]
+
+
+class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin):
+    """A module compiled for the simulated IPU; use like the module (``wrapper(x)``)."""
+
+    def __init__(self, model: torch.nn.Module, options: Options | None, training: bool,
+                 optimizer=None):
+        if isinstance(model, PoplarExecutor):
+            model = model.model
+        if not isinstance(model, torch.nn.Module):
+            raise Error(f"Expected a torch.nn.Module to wrap, got {type(model).__name__}.")
+        options = Options() if options is None else options
+        if not isinstance(options, Options):
+            raise Error(f"options must be a poptorch_lite.Options, not {type(options).__name__}.")
+        accumulation = options._values["Training.gradientAccumulation"]
+        if not training and accumulation != 1:
+            raise Error(
+                f"Options.Training.gradientAccumulation({accumulation}) is only for training "
+                f"wrappers; an inference wrapper needs 1. Use Options.deviceIterations to run "
+                f"more batches per call.")
+        link = weight_sync.link_of(model)
+        if training:
+            if link.training is not None:
+                raise RuntimeError(
+                    "This model is already held by a training wrapper; call destroy() on it "
+                    "before wrapping the model for training again.")
+            for name, buffer in model.named_buffers():
+                if type(buffer) is not torch.Tensor:
+                    raise Error(f"Buffer '{name}' is a {type(buffer).__name__}, not a plain "
+                                f"torch.Tensor; training wrappers need plain buffers.")
+        options._freeze()
+        private = options.clone()
+        if private.output_mode is OutputMode.Default:
+            private.outputMode(private.resolved_output_mode(training))
+        private._freeze()
+        d = self.__dict__
+        d["_user_model"] = model
+        d["_options"] = private
+        d["_training"] = training
+        d["_optimizer"] = optimizer
+        # P15: the flags the model had when wrapped are the ones traced.
+        d["_flags"] = {name: m.training for name, m in model.named_modules()}
+        d["_executables"] = {}
+        d["_active"] = None
+        d["_device"] = None
+        d["_attached"] = False
+        d["_warned"] = set()
+        d["_compile_seconds"] = None
+        d["_link"] = link
+        d["_seen_version"] = -1  # inference: training weights version last pulled (P11)
+        d["_optimizer_hooks"] = []
+        d["_optimizer_state_dirty"] = False  # device optimizer state newer than the host's
+        d["_optimizer_state_pending"] = False  # host optimizer state to write before a run
+        d["_steps_done"] = 0  # optimizer steps made on the device since compile
+        d["_micro_batches_pending"] = 0  # BatchNorm num_batches_tracked not yet on the host
+        d["_fast"] = None  # _FastCall: the last call's signature, to skip re-binding it
+        if training:
+            link.set_training(self)
+            weight_sync.install_hooks(model, link)
+            self._hook_optimizer(optimizer)
+
+    # --- pass-through ------------------------------------------------------------------------
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._user_model
+
+    @property
+    def options(self) -> Options:
+        return self._options
+
+    @property
+    def training(self) -> bool:
+        return self._training
+
+    def __getattr__(self, name):
+        model = self.__dict__.get("_user_model")
+        if model is None:
+            raise AttributeError(name)
+        return getattr(model, name)
+
+    def __setattr__(self, name, value):
+        if (name in self.__dict__ or name in type(self).__dict__
+                or name in _MIXIN_MEMBERS):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._user_model, name, value)
+
+    def __repr__(self) -> str:
+        kind = "training" if self._training else "inference"
+        lines = [f"PoplarExecutor({kind}, compiled={self.isCompiled()}, "
+                 f"attached={self.isAttachedToDevice()})"]
+        for path, (user_id, ipu_id) in block_annotations(self._user_model).items():
+            lines.append(f"  block {user_id!r} starts at '{path}' on ipu {ipu_id}")
+        lines.append(repr(self._user_model))
+        return "\n".join(lines)
+
+    def state_dict(self, *args, **kwargs):
+        """The user model's state dict; a training wrapper pulls device weights first."""
+        self._link.pull()
+        return self._user_model.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True):
+        """Load into the user model, then push to the device when attached (P9)."""
+        result = self._user_model.load_state_dict(state_dict, strict=strict)
+        if self.isCompiled() and self._attached:
+            self.copyWeightsToDevice()
+        return result
+
+    def train(self, mode: bool = True) -> "PoplarExecutor":
+        """Set the traced train/eval flag before compiling (P15)."""
+        if self.isCompiled():
+            if bool(mode) != all(self._flags.values()):
+                raise Error(
+                    f"wrapper.{'train' if mode else 'eval'}(): the model was compiled with a "
+                    f"different train/eval flag. Build a second wrapper instead (e.g. "
+                    f"model.eval(); poptorch_lite.inferenceModel(model)); it shares the "
+                    f"weights.")
+            return self
+        for name in self._flags:
+            self._flags[name] = bool(mode)
+        return self
+
+    def eval(self) -> "PoplarExecutor":
+        return self.train(False)
+
+    # --- state -----------------------------------------------------------------------------
+
+    def isCompiled(self) -> bool:  # noqa: N802 - PopTorch's name
+        return self._active is not None
+
+    def isAttachedToDevice(self) -> bool:  # noqa: N802
+        return self._attached
+
+    isAttached = isAttachedToDevice
+
+    def _require_compiled(self, what: str) -> _Executable:
+        if self._active is None:
+            raise Error(f"{what}: the model has not been compiled or has been destroyed; call "
+                        f"the wrapper or wrapper.compile(...) first.")
+        return self._active
+
+    def _offline(self) -> bool:
+        return self._options._values["connectionType"] is ConnectionType.Never
+
+    # --- device ------------------------------------------------------------------------------
+
+    def detachFromDevice(self) -> None:  # noqa: N802
+        self._require_compiled("detachFromDevice()")
+        if not self._attached:
+            raise Error("detachFromDevice(): the device is not attached.")
+        if self._training:
+            self.copyWeightsToHost()
+            if self._optimizer_state_dirty:
+                self._read_optimizer_state()
+        self._device.detach()
+        self.__dict__["_attached"] = False
+
+    def attachToDevice(self) -> None:  # noqa: N802
+        executable = self._require_compiled("attachToDevice()")
+        if self._offline():
+            raise Error("attachToDevice(): the model is compiled for an offline target and "
+                        "cannot attach.")
+        if self._attached:
+            raise Error("attachToDevice(): the device is already attached.")
+        if not self._device.attach():
+            raise Error(f"failed to acquire {self._device.numIpus} IPU(s) to attach: they are "
+                        f"in use. Call detachFromDevice() or destroy() on the other wrapper.")
+        self.__dict__["_attached"] = True
+        executable.session.loadEngineAndConnectStreams()
+        self.copyWeightsToDevice()
+        if self._training:
+            self._write_optimizer_state()
+
+    def destroy(self) -> None:
+        """Sync weights and optimizer state (training), release the device, drop every
+        executable and restore the user model's classes (P14)."""
+        if self._training and self._link.training is self:
+            if self.isCompiled() and self._attached:
+                self.copyWeightsToHost()
+                if self._optimizer_state_dirty:
+                    self._read_optimizer_state()
+            self._unhook_optimizer()
+            weight_sync.remove_hooks(self._user_model)
+            self._link.set_training(None)
+        if not self.isCompiled():
+            return
+        if self._device is not None and self._attached:
+            self._device.detach()
+        d = self.__dict__
+        d["_executables"] = {}
+        d["_fast"] = None
+        d["_active"] = None
+        d["_device"] = None
+        d["_attached"] = False
+
+    def compilationTime(self):  # noqa: N802
+        import datetime
+
+        self._require_compiled("compilationTime()")
+        return datetime.timedelta(seconds=self._compile_seconds)
+
+    def getPipelineSummary(self) -> str:  # noqa: N802 - (lite)
+        """Stages per IPU and the pipeline's fill / main / flush cycles; with
+        ``Options.enableProfiling`` also the backend's ``getSummaryReport()``."""
+        executable = self._require_compiled("getPipelineSummary()")
+        values = self._options._values
+        text = blocks.schedule_summary(executable.placement, self._training,
+                                       values["Training.gradientAccumulation"],
+                                       self._options.device_iterations,
+                                       self._options.replication_factor)
+        processes = self._options.Distributed.numProcesses
+        if processes > 1:
+            text += (f"\n  processes: {processes} (this one: "
+                     f"{self._options.Distributed.processId}), global replicas: "
+                     f"{processes * self._options.replication_factor}")
+        if values["profilingDir"] is not None:
+            text += "\n" + executable.session.getSummaryReport(resetProfile=False)
+        return text
+
+
+# The members the mixins give the wrapper: like its class's own, they are set on the wrapper,
+# not forwarded to the user model.
+_MIXIN_MEMBERS = frozenset().union(*(vars(mixin) for mixin in (CompileMixin, RunMixin,
+                                                                 StateSyncMixin)))

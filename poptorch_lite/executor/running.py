@@ -1,0 +1,230 @@
+"""Running a compiled wrapper: a call's inputs to the backend and its outputs back to torch
+(spec §2.1, §2.4, P5, P11, P24, P25).
+
+``RunMixin`` gives ``PoplarExecutor`` its ``__call__``: input checks (detach, contiguous), the
+host IO of one run (one ``PyStepIO`` per call; 0-d inputs broadcast, input replica groups
+expanded), the training bookkeeping after a run, and the outputs per ``OutputMode`` reshaped by
+PopTorch's stacking rule. ``_FastCall`` lets a call repeating the last one's signature skip
+binding and the executable lookup.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+import popart_backend as popart
+
+from ..errors import Error
+from ..options.enums import CommGroupType
+from .compilation import _Executable, backend_error
+
+_NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
+
+
+class RunMixin:
+    """``PoplarExecutor``'s run side: ``__call__`` and the host IO of one run."""
+
+    def __call__(self, *args, **kwargs):
+        fast = self.__dict__["_fast"]
+        if fast is not None and not kwargs:
+            leaves = fast.leaves(self, args)
+            if leaves is not None:
+                return self._run(fast.executable, leaves)
+        leaves, signature = self._signature(args, kwargs)
+        leaves = self._prepare_leaves(leaves, signature)
+        executable = self._select(leaves, signature)
+        if self._offline():
+            raise Error("The model is compiled for an offline target "
+                        "(connectionType(Never) / useOfflineIpuTarget); use compile() only.")
+        if not self._attached:
+            self.attachToDevice()
+        self.__dict__["_fast"] = _FastCall.of(self, args, kwargs, leaves, executable)
+        return self._run(executable, leaves)
+
+    def _prepare_leaves(self, leaves, signature):
+        out = []
+        for leaf, spec in zip(leaves, signature.leaves):
+            if isinstance(leaf, torch.Tensor):
+                if leaf.requires_grad:
+                    self._warn_once("requires_grad", f"Input {spec.path} requires grad; it is "
+                                    f"detached (the device computes gradients itself).")
+                    leaf = leaf.detach()
+                if not leaf.is_contiguous():
+                    self._warn_once("contiguous", f"Input {spec.path} is not contiguous; it "
+                                    f"is copied before each call.")
+                    leaf = leaf.contiguous()
+            out.append(leaf)
+        return out
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, UserWarning, stacklevel=4)
+
+    def _sync_before_run(self) -> None:
+        if self._training:
+            if self._optimizer_state_pending:
+                self._write_optimizer_state()
+            return
+        # P11: pull the weights a training wrapper of the same model moved since our last run.
+        link = self._link
+        trainer = link.training
+        if trainer is not None and trainer.isCompiled() and link.version != self._seen_version:
+            link.pull()
+            self.copyWeightsToDevice()
+        self.__dict__["_seen_version"] = link.version
+
+    def _run(self, executable: _Executable, leaves):
+        self._sync_before_run()
+        traced = executable.traced
+        inputs = {}
+        for leaf, spec, name in zip(leaves, traced.signature.leaves, traced.input_names):
+            if name is None:
+                continue
+            array = leaf.cpu().numpy()
+            if not spec.shape:
+                # 0-d tensors are not sliced: every micro-batch of every replica sees the same
+                # value.
+                array = np.ascontiguousarray(np.broadcast_to(
+                    array, (executable.divisor * self._input_group_size(),)))
+            else:
+                array = self._expand_input_groups(array, executable.divisor)
+            inputs[name] = np.ascontiguousarray(array)
+        session = executable.session
+        anchors = session.initAnchorArrays()
+        try:
+            session.run(popart.PyStepIO(inputs, anchors))
+        except popart.popart_exception as exc:
+            raise backend_error(exc, traced) from exc
+        if self._training:
+            n = self._options.device_iterations
+            self._link.device_moved()
+            d = self.__dict__
+            d["_optimizer_state_dirty"] = True
+            d["_steps_done"] += n
+            d["_micro_batches_pending"] += n * self._options._values[
+                "Training.gradientAccumulation"]
+            # The device ran the optimizer's steps: tell torch's LR schedulers, which check
+            # this flag to warn about scheduler.step() before optimizer.step().
+            self._optimizer._opt_called = True
+        return self._outputs(executable, anchors)
+
+    def _input_group_size(self) -> int:
+        return self._options._values["inputReplicaGrouping"][0]
+
+    def _expand_input_groups(self, array: np.ndarray, divisor: int) -> np.ndarray:
+        """[N·G·Rin·B, ...] -> [N·G·R·B, ...]: each replica gets its input group's rows (§2.4)."""
+        size, kind = self._options._values["inputReplicaGrouping"]
+        if size == 1:
+            return array
+        rin = self._options.input_replicas
+        replicas = self._options.replication_factor
+        micro = array.shape[0] // divisor  # B
+        view = array.reshape(-1, rin, micro, *array.shape[1:])  # [N·G, Rin, B, ...]
+        if kind is CommGroupType.Orthogonal:
+            groups = [r % rin for r in range(replicas)]
+        else:  # Consecutive: group r feeds replicas r·size .. r·size + size - 1
+            groups = [r // size for r in range(replicas)]
+        return view[:, groups].reshape(-1, *array.shape[1:])
+
+    def _outputs(self, executable: _Executable, anchors: dict):
+        traced = executable.traced
+        table = executable.output_table
+        if table is None:
+            table = executable.output_table = _output_table(executable, anchors)
+        results = {}
+        for name, shape, narrow in table:
+            tensor = torch.from_numpy(anchors[name])
+            if shape is not None:
+                tensor = tensor.view(shape)  # initAnchorArrays' arrays are C-contiguous
+            results[name] = tensor if narrow is None else tensor.to(narrow)
+        leaves = []
+        for index, source in enumerate(traced.output_leaf_sources):
+            if source is None:
+                leaves.append(traced.output_constants.get(index))
+            else:
+                leaves.append(results[traced.output_names[source]])
+        if traced.output_spec is None:
+            return leaves[0] if len(leaves) == 1 else tuple(leaves)
+        return pytree.tree_unflatten(leaves, traced.output_spec)
+
+
+class _FastCall:
+    """The input signature of the last call made of plain tensors passed positionally.
+
+    A training step or an inference batch repeats the same call; matching the new arguments
+    against this record (type, dtype, shape, no grad, contiguous) gives the same leaves and
+    executable as binding to ``forward``'s signature, flattening and looking up the signature
+    key would, at a fraction of the cost (those cost about as much as a small model's step).
+    Anything else (kwargs, non-tensor or changed arguments, another executable, a detached
+    device, a replaced ``forward``) falls back to the full path, which records the new call.
+    """
+
+    __slots__ = ("executable", "forward", "positions", "specs", "template")
+
+    def __init__(self, forward, executable, specs, positions, template):
+        self.forward = forward
+        self.executable = executable
+        self.specs = specs  # per positional argument: (dtype, shape)
+        self.positions = positions  # leaf index of each argument; None: the leaves are args
+        self.template = template  # the leaves, with constants (defaults) at other indices
+
+    @staticmethod
+    def _function(model):
+        forward = model.forward
+        return getattr(forward, "__func__", forward)
+
+    @classmethod
+    def of(cls, wrapper, args, kwargs, leaves, executable) -> _FastCall | None:
+        if kwargs or not all(type(a) is torch.Tensor for a in args):
+            return None
+        positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        # Every tensor leaf must be an argument as given (not detached or made contiguous).
+        if len(positions) != len(args) or any(leaves[p] is not a
+                                              for p, a in zip(positions, args)):
+            return None
+        specs = tuple((a.dtype, a.shape) for a in args)
+        same = positions == list(range(len(leaves)))
+        return cls(cls._function(wrapper._user_model), executable, specs,
+                   None if same else positions, None if same else list(leaves))
+
+    def leaves(self, wrapper, args) -> list | None:
+        """The leaves for ``args``, or None when the full path must handle the call."""
+        specs = self.specs
+        if (len(args) != len(specs) or self.executable is not wrapper._active
+                or not wrapper._attached
+                or self._function(wrapper._user_model) is not self.forward):
+            return None
+        for arg, (dtype, shape) in zip(args, specs):
+            if (type(arg) is not torch.Tensor or arg.dtype is not dtype or arg.shape != shape
+                    or arg.requires_grad or not arg.is_contiguous()):
+                return None
+        if self.positions is None:
+            return list(args)
+        leaves = list(self.template)
+        for position, arg in zip(self.positions, args):
+            leaves[position] = arg
+        return leaves
+
+
+def _output_table(executable: _Executable, anchors: dict) -> list:
+    """Per distinct output: its host shape (PopTorch's §2.4 stacking: the anchor's batches
+    stacked along dim 0; None when the anchor array already has it) and the dtype it narrows
+    to (int64 -> int32, float64 -> float32)."""
+    table = []
+    for name in dict.fromkeys(executable.traced.output_names):
+        array = anchors[name]
+        sample = tuple(executable.session.getInfo(name).shape())
+        count = array.size // max(int(np.prod(sample, dtype=np.int64)), 1) if sample else (
+            array.size)
+        if count > 1:
+            shape = (count * sample[0], *sample[1:]) if sample else (count,)
+        else:
+            shape = sample
+        table.append((name, None if array.shape == shape else shape,
+                      _NARROW.get(torch.from_numpy(array).dtype)))
+    return table

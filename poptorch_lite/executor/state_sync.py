@@ -1,0 +1,219 @@
+"""Moving weights and optimizer state between the host and a compiled wrapper's session
+(spec §2.1 "Weight sync", P8, P9, P12, P56).
+
+``StateSyncMixin`` gives ``PoplarExecutor`` ``copyWeightsToHost`` / ``copyWeightsToDevice``,
+``setOptimizer``, and the optimizer-state glue: hooks on the optimizer's ``state_dict`` /
+``load_state_dict`` and the reads / writes between the device's optimizer tensors and
+``optimizer.state`` in torch's format. The host-side dirty / version bookkeeping these rely on
+is ``weight_sync.py``'s.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import torch
+
+import popart_backend as popart
+
+from .. import optimizer_translation
+from ..errors import Error
+from .compilation import backend_error
+
+
+class StateSyncMixin:
+    """``PoplarExecutor``'s weight and optimizer-state copies between host and device."""
+
+    def _state_tensors(self) -> dict[str, torch.Tensor]:
+        state = dict(self._user_model.named_parameters())
+        state.update(self._user_model.named_buffers())
+        return state
+
+    def copyWeightsToHost(self) -> None:  # noqa: N802
+        """Device weights -> the user model's parameters and buffers, by name (P8)."""
+        executable = self._require_compiled("copyWeightsToHost()")
+        if self._training:
+            self._link.host_dirty = False
+        session = executable.session
+        state = self._state_tensors()
+        arrays = {onnx_name: np.empty(tuple(state[fqn].shape),
+                                      dtype=_numpy_dtype(state[fqn].dtype))
+                  for onnx_name, fqn in executable.device_weights.items()}
+        session.weightsToHost()
+        session.readWeights(popart.PyWeightsIO(arrays))
+        with torch.no_grad():
+            for onnx_name, fqn in executable.device_weights.items():
+                state[fqn].copy_(torch.from_numpy(arrays[onnx_name]))
+            pending = self._micro_batches_pending
+            if pending:
+                # torch counts BatchNorm forward calls; the device does not keep the count.
+                for _, module in self._batch_norms():
+                    module.num_batches_tracked.add_(pending)
+                self.__dict__["_micro_batches_pending"] = 0
+
+    def copyWeightsToDevice(self) -> None:  # noqa: N802
+        """The user model's parameters and buffers -> device (P9)."""
+        executable = self._require_compiled("copyWeightsToDevice()")
+        self._link.pull()
+        state = self._state_tensors()
+        arrays = {onnx_name: np.ascontiguousarray(state[fqn].detach().cpu().numpy())
+                  for onnx_name, fqn in executable.device_weights.items()}
+        session = executable.session
+        if self._training and self._attached:
+            # weightsFromHost() writes every variable: refresh the host copies of the
+            # optimizer state first so they are not rolled back.
+            session.weightsToHost()
+        session.writeWeights(popart.PyWeightsIO(arrays))
+        session.weightsFromHost()
+        if self._training:
+            self._link.device_moved()
+            self._link.host_dirty = False
+
+    # --- optimizer -------------------------------------------------------------------------
+
+    def _hook_optimizer(self, optimizer) -> None:
+        """state_dict() of the optimizer reads device state; load_state_dict() queues a write."""
+        ref = weakref.ref(self)
+
+        def before_state_dict(_optimizer):
+            wrapper = ref()
+            if wrapper is not None and wrapper._optimizer_state_dirty:
+                wrapper._read_optimizer_state()
+
+        def after_load_state_dict(_optimizer):
+            wrapper = ref()
+            if wrapper is not None:
+                wrapper.__dict__["_optimizer_state_dirty"] = False
+                wrapper.__dict__["_optimizer_state_pending"] = True
+                step = _state_step(_optimizer)
+                if step is not None:
+                    wrapper.__dict__["_steps_done"] = step
+
+        self._optimizer_hooks.extend([
+            optimizer.register_state_dict_pre_hook(before_state_dict),
+            optimizer.register_load_state_dict_post_hook(after_load_state_dict)])
+        step = _state_step(optimizer)
+        if step is not None:
+            self.__dict__["_steps_done"] = step
+
+    def _unhook_optimizer(self) -> None:
+        for handle in self._optimizer_hooks:
+            handle.remove()
+        self._optimizer_hooks.clear()
+
+    def _read_optimizer_state(self) -> None:
+        """Device optimizer state -> ``optimizer.state`` in torch's format (and ``_ipu_state``)."""
+        executable = self._active
+        if executable is None or executable.translation is None or not self._attached:
+            return
+        self.__dict__["_optimizer_state_dirty"] = False
+        translation = executable.translation
+        session = executable.session
+        session.weightsToHost()
+        ids = [slot.backend_id for slots in translation.state.values() for slot in slots
+               if slot.backend_id is not None]
+        ids += [i for ids_ in translation.internal_state.values() for i in ids_]
+        arrays = {tid: _host_array(session, tid) for tid in ids}
+        if arrays:
+            session.readWeights(popart.PyWeightsIO(arrays))
+        optimizer = self._optimizer
+        for weight_id, slots in translation.state.items():
+            param = translation.weights[weight_id]
+            entry = {}
+            for slot in slots:
+                if slot.backend_id is None:
+                    entry[slot.torch_key] = torch.tensor(float(self._steps_done))
+                elif slot.torch_key == "step":
+                    entry["step"] = torch.tensor(float(arrays[slot.backend_id]))
+                else:
+                    value = torch.from_numpy(arrays[slot.backend_id].copy())
+                    entry[slot.torch_key] = (value / slot.scale if slot.scale != 1.0
+                                             else value).to(param.dtype)
+            if entry:
+                optimizer.state[param] = entry
+        if hasattr(optimizer, "_ipu_state"):
+            optimizer._ipu_state = {tid: torch.from_numpy(a.copy()) for tid, a in arrays.items()}
+            optimizer._ipu_param = dict(translation.backend.hyper_parameter_values(None))
+
+    def _write_optimizer_state(self, session=None, translation=None) -> None:
+        """``optimizer.state`` (torch's format) -> the device; missing entries start at zero."""
+        if session is None:
+            executable = self._active
+            session, translation = executable.session, executable.translation
+        self.__dict__["_optimizer_state_pending"] = False
+        optimizer = self._optimizer
+        arrays = {}
+        for weight_id, slots in translation.state.items():
+            entry = optimizer.state.get(translation.weights[weight_id], {})
+            for slot in slots:
+                if slot.backend_id is None:
+                    continue
+                value = entry.get(slot.torch_key)
+                array = _host_array(session, slot.backend_id)
+                if value is not None:
+                    array[...] = (torch.as_tensor(value).detach().float()
+                                  * slot.scale).numpy().astype(array.dtype)
+                arrays[slot.backend_id] = array
+            started = bool(entry)
+            for tid in translation.internal_state[weight_id]:
+                array = _host_array(session, tid)
+                array[...] = float(self._steps_done if started else 0)
+                arrays[tid] = array
+        if not arrays:
+            return
+        session.weightsToHost()
+        session.writeWeights(popart.PyWeightsIO(arrays))
+        session.weightsFromHost()
+
+    def setOptimizer(self, optimizer) -> None:  # noqa: N802
+        """Use ``optimizer``'s current hyper-parameters (or a new optimizer object) from the
+        next run, without recompiling (P12). Call it after an LR scheduler's ``step()``."""
+        if not self._training:
+            raise Error("setOptimizer(): this is an inference wrapper; it has no optimizer.")
+        previous = self._optimizer
+        if optimizer is not previous:
+            if self.isCompiled() and self._attached:
+                self._read_optimizer_state()  # the old object keeps its trained state
+            self._unhook_optimizer()
+            self.__dict__["_optimizer"] = optimizer
+            self._hook_optimizer(optimizer)
+        executable = self._active
+        if executable is None:
+            return
+        translation = optimizer_translation.translate(
+            optimizer, self._user_model, executable.traced.param_map,
+            self._running_stat_names(), compiled=executable.translation)
+        optimizer_translation.check_replacement(executable.translation, translation, optimizer)
+        try:
+            executable.session.updateOptimizerFromHost(translation.backend)
+        except popart.popart_exception as exc:
+            raise backend_error(exc, executable.traced) from exc
+        executable.translation = translation
+        if optimizer is not previous:
+            self.__dict__["_optimizer_state_pending"] = True
+
+
+def _host_array(session, tensor_id: str) -> np.ndarray:
+    """A zeroed array shaped like the session's variable ``tensor_id``."""
+    try:
+        info = session.getInfo(tensor_id)
+    except popart.popart_exception as exc:
+        raise Error(f"The compiled session has no optimizer tensor '{tensor_id}' (the backend "
+                    f"names optimizer state as docs/training.md fixes: Accl___<w>, "
+                    f"Accl1___<w>, Step___<w>, ...): {exc}") from exc
+    return np.zeros(tuple(info.shape()), dtype=np.dtype(info.data_type_lcase()))
+
+
+def _state_step(optimizer) -> int | None:
+    """The step count stored in a torch optimizer's state, if any."""
+    for entry in optimizer.state.values():
+        step = entry.get("step") if isinstance(entry, dict) else None
+        if step is not None:
+            return int(float(step))
+    return None
+
+
+def _numpy_dtype(dtype: torch.dtype):
+    return torch.empty((), dtype=dtype).numpy().dtype
+

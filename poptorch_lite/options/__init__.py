@@ -1,0 +1,2 @@
+"""``poptorch_lite.Options`` (``options.py``), its enums, option groups (``groups.py``) and
+text forms (``files.py``)."""
