@@ -26,6 +26,12 @@ from pathlib import Path
 
 import onnx
 
+# The tool drives the public API as a PopART script would. Importing it lazily would not make
+# --help faster: this module is part of the package, which is loaded before it.
+import popart_backend as popart
+
+from .device.memory import format_bytes
+
 __all__ = ["main"]
 
 FITS, DOES_NOT_FIT, ERROR = 0, 1, 2
@@ -83,10 +89,8 @@ class UsageError(Exception):
 def main(argv: list[str] | None = None) -> int:
     """Run the tool; returns the exit status (see the module docstring)."""
     args = _parser().parse_args(argv)
-    import popart_backend as popart  # after parsing, so --help is instant
-
     try:
-        session = _session(popart, args)
+        session = _session(args)
     except (UsageError, popart.popart_exception) as e:
         print(f"popart-sim: error: {e}", file=sys.stderr)
         return ERROR
@@ -111,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     return FITS if fits else DOES_NOT_FIT
 
 
-def _session(popart, args):
+def _session(args):
     for name in ("ipus", "batches_per_step", "replicas", "accumulation"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not "
@@ -123,7 +127,7 @@ def _session(popart, args):
         raise UsageError(f"no ONNX file at '{args.model}'.")
     proto = onnx.load(str(path), load_external_data=False)
     outputs = [o.name for o in proto.graph.output]
-    shapes = _input_shapes(popart, proto, args.input_shape)
+    shapes = _input_shapes(proto, args.input_shape)
 
     opts = popart.SessionOptions()
     opts.engineOptions = {"autoReport.all": "true"}
@@ -143,7 +147,7 @@ def _session(popart, args):
         opts.logDir = str(args.dot_dir)
         opts.dotChecks = {popart.DotCheck.All}
     for item in args.option:
-        _set_option(popart, opts, item)
+        _set_option(opts, item)
 
     device = popart.DeviceManager().createOfflineIPUDevice({
         "numIPUs": args.ipus * args.replicas,
@@ -166,7 +170,7 @@ def _session(popart, args):
                                   inputShapeInfo=shapes, userOptions=opts, name=path.stem)
 
 
-def _input_shapes(popart, proto: onnx.ModelProto, items: list[str]):
+def _input_shapes(proto: onnx.ModelProto, items: list[str]):
     shapes = popart.InputShapeInfo()
     inputs = {i.name: i for i in proto.graph.input}
     for item in items:
@@ -186,7 +190,7 @@ def _input_shapes(popart, proto: onnx.ModelProto, items: list[str]):
     return shapes
 
 
-def _set_option(popart, opts, item: str) -> None:
+def _set_option(opts, item: str) -> None:
     """``NAME=VALUE`` onto SessionOptions: enum members by name, other values as Python
     literals (True, 3, 0.5, [..], {..}), anything else as a string."""
     name, sep, text = item.partition("=")
@@ -209,8 +213,6 @@ def _set_option(popart, opts, item: str) -> None:
 
 
 def _describe(args, report, fits: bool) -> str:
-    from .device.memory import format_bytes
-
     model = report.model
     spec, c, b = model.spec, model.cycles, model.cycles.batch
     lines = [

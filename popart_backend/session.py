@@ -40,7 +40,7 @@ from .options.patterns import Patterns
 from .options.session_options import SessionOptions
 from .report import PROFILING_DISABLED, Report, profiling_enabled, summary_text
 from .tensorinfo import InputShapeInfo, TensorInfo, input_settings_from_model
-from .transforms.pipeline import ApplyOptimizer, inference_passes, run_passes, training_passes
+from .transforms.pipeline import inference_passes, run_passes, training_passes
 
 __all__ = ["InferenceSession", "TrainingSession"]
 
@@ -616,7 +616,6 @@ class TrainingSession(SessionBase):
             )
         self._loss_id = loss
         self._optimizer = optimizer
-        self._apply_optimizer: ApplyOptimizer | None = None
         super().__init__(
             fnModel, dataFlow, deviceInfo,
             InputShapeInfo() if inputShapeInfo is None else inputShapeInfo,
@@ -634,11 +633,9 @@ class TrainingSession(SessionBase):
 
     def _passes(self) -> list:
         self._check_loss()
-        passes = training_passes(self._options, self._loss_id, self._optimizer,
-                                 self._accumulation_factor, self._global_replication_factor,
-                                 self._ipus_per_replica(), self._data_flow.batchesPerStep())
-        self._apply_optimizer = next(p for p in passes if isinstance(p, ApplyOptimizer))
-        return passes
+        return training_passes(self._options, self._loss_id, self._optimizer,
+                               self._accumulation_factor, self._global_replication_factor,
+                               self._ipus_per_replica(), self._data_flow.batchesPerStep())
 
     def _check_loss(self) -> None:
         tensors = self._ir.main.tensors
@@ -665,7 +662,7 @@ class TrainingSession(SessionBase):
             )
         self._optimizer.check_update(optimizer)
         changed = {}
-        for tensor_id, (key, weight_id) in self._apply_optimizer.tensors.hyper_params.items():
+        for tensor_id, (key, weight_id) in self._ir.optimizer_tensors.hyper_params.items():
             value = optimizer.hyper_parameter_values(weight_id)[key]
             host = self._host_weights[tensor_id]
             host[...] = value

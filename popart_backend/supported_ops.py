@@ -1,8 +1,8 @@
 """What the backend can run: ``getSupportedOperations``, ``getSupportedOperationsDefinition``,
 ``getUnsupportedOperations``, ``OperatorIdentifier`` and ``OpDefinition`` (spec §6, F81, F87, F88).
 
-Everything here is read from the op registry (plus the ops the importer resolves itself,
-``_IMPORT_TIME_OPS``) and from ``onnx.defs``: nothing else is listed by hand, so the answers
+Everything here is read from the op registry (plus ai.onnx.preview.training Gradient, which
+the importer builds itself, ``_IMPORT_TIME_OPS``) and from ``onnx.defs``: nothing else is listed by hand, so the answers
 cannot drift from what the importer accepts.
 
 Public and internal ops. ``getSupportedOperations(False)`` lists only the ops a model or a
@@ -52,24 +52,13 @@ FUSED_DOMAIN = "popart.fused"
 # Modules whose ai.graphcore ops only the optimizer / accumulation passes create (rule 4).
 _INTERNAL_MODULES = ("popart_backend.ops.optimizer_updates", "popart_backend.ops.accumulate")
 
-# Ops the importer resolves itself instead of creating a registered op class: the sequence and
-# optional ops become tensor ops (importer/sequences.py) and ai.onnx.preview.training Gradient a
-# Call of the backward autodiff grows (importer/gradient_op.py). Key: (domain, type); value: the input
-# positions that must be compile-time constants. Their versions, inputs, outputs and attributes
-# are those of their ONNX schemas.
+# Ops the importer builds itself instead of creating a registered op class:
+# ai.onnx.preview.training Gradient becomes a Call of the backward autodiff grows
+# (importer/gradient_op.py; an op class cannot, ops never import transforms). The sequence and
+# optional ops are registered op classes (ops/sequences.py). Key: (domain, type); value: the input
+# positions that must be compile-time constants. Versions, inputs, outputs and attributes are
+# those of the ONNX schemas.
 _IMPORT_TIME_OPS: dict[tuple[str, str], tuple[int, ...]] = {
-    (AI_ONNX, "ConcatFromSequence"): (),
-    (AI_ONNX, "SequenceAt"): (1,),
-    (AI_ONNX, "SequenceConstruct"): (),
-    (AI_ONNX, "SequenceEmpty"): (),
-    (AI_ONNX, "SequenceErase"): (1,),
-    (AI_ONNX, "SequenceInsert"): (2,),
-    (AI_ONNX, "SequenceLength"): (),
-    (AI_ONNX, "SplitToSequence"): (1,),
-    (AI_ONNX, "Optional"): (),
-    (AI_ONNX, "OptionalGetElement"): (),
-    (AI_ONNX, "OptionalHasElement"): (),
-    (AI_ONNX, "SequenceMap"): (),
     (PREVIEW_TRAINING, "Gradient"): (),
 }
 

@@ -47,6 +47,7 @@ __all__ = [
     "SerialPhasedExecution",
     "ShardedExecution",
     "Stage",
+    "isRunningOnIpu",
     "removeBlocks",
 ]
 
@@ -72,6 +73,11 @@ def tracing_blocks():
     finally:
         _set_current(None)
         _state["tracing"] = False
+
+
+def isRunningOnIpu() -> bool:  # noqa: N802 - PopTorch's name
+    """True while the frontend traces ``forward`` for the IPU, False when it runs on CPU."""
+    return bool(_state["tracing"])
 
 
 def _current():

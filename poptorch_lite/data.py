@@ -39,9 +39,8 @@ class DataLoaderMode(enum.IntEnum):
 
 
 def combined_batch_factor(options: Options) -> int:
-    group = options._values["inputReplicaGrouping"][0]
-    return (options.device_iterations * (options.replication_factor // group)
-            * options._values["Training.gradientAccumulation"])
+    return (options.device_iterations * options.input_replicas
+            * options.Training.gradient_accumulation)
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -69,7 +68,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if persistent_workers is None:
             persistent_workers = num_workers > 0
         self._mode = mode
-        process_id, processes = options.Distributed._resolved()
+        process_id, processes = options.Distributed.process_id_and_count
         distributed = auto_distributed_partitioning and processes > 1
         if distributed and batch_sampler is not None:
             raise Error(f"DataLoader: batch_sampler cannot be split between the {processes} "

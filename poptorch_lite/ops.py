@@ -16,6 +16,9 @@ import onnx.defs
 import torch
 from onnxscript import values as onnxscript_values
 
+import popart_backend as popart
+
+from .blocks import isRunningOnIpu
 from .errors import Error
 
 __all__ = ["custom_op", "identity_loss", "nop", "set_available_memory", "ipu_print_tensor"]
@@ -93,9 +96,7 @@ def ipu_print_tensor(tensor: torch.Tensor, title: str = "", print_gradient: bool
     """Print ``tensor`` when executed on CPU (host runs); identity in the traced graph."""
     if not isinstance(tensor, torch.Tensor):
         raise Error(f"ipu_print_tensor: expected a tensor, got {type(tensor).__name__}.")
-    from .blocks import _state
-
-    if not _state["tracing"]:
+    if not isRunningOnIpu():
         print(title, tensor)
     return tensor
 
@@ -191,8 +192,6 @@ def _custom_torch_op(domain: str, name: str, version: int, num_outputs: int):
     key = (domain, name, version, num_outputs)
     if key in _CUSTOM_TORCH_OPS:
         return _CUSTOM_TORCH_OPS[key]
-    from popart_backend.custom import registration as backend_custom
-
     mangled = re.sub(r"\W", "_", f"custom__{domain}__{name}__v{version}__n{num_outputs}")
     returns = "Tensor" if num_outputs == 1 else f"({', '.join(['Tensor'] * num_outputs)})"
     schema = f"(Tensor[] inputs, str attributes, str outputs) -> {returns}"
@@ -203,8 +202,8 @@ def _custom_torch_op(domain: str, name: str, version: int, num_outputs: int):
     def eager(inputs, attributes, outputs):
         arrays = [x.detach().cpu().numpy() for x in inputs]
         try:
-            results = backend_custom.run_forward(domain, name, version, json.loads(attributes),
-                                                 arrays)
+            results = popart.custom.run_forward(domain, name, version, json.loads(attributes),
+                                                arrays)
         except Exception as exc:
             raise Error(f"custom_op '{domain}::{name}' (version {version}) cannot run on the "
                         f"CPU: {exc}") from exc
@@ -231,8 +230,8 @@ def _custom_torch_op(domain: str, name: str, version: int, num_outputs: int):
         xs, outs = saved[:ctx.num_inputs], saved[ctx.num_inputs:]
         dys = [g.detach().numpy() if g is not None else np.zeros_like(o)
                for g, o in zip(grads, outs)]
-        dxs = backend_custom.run_backward(domain, name, version, json.loads(ctx.attributes),
-                                          xs, outs, dys)
+        dxs = popart.custom.run_backward(domain, name, version, json.loads(ctx.attributes),
+                                         xs, outs, dys)
         return [None if d is None else torch.from_numpy(np.array(d)) for d in dxs], None, None
 
     op.register_autograd(backward, setup_context=setup_context)

@@ -14,6 +14,11 @@ from __future__ import annotations
 import copy
 
 import torch
+from torch.utils import _pytree as pytree
+
+from .executor.executor import inferenceModel
+from .options.enums import OutputMode, ReductionType
+from .options.options import Options
 
 __all__ = ["allclose", "assert_allclose", "assert_allequal", "compare_with_cpu", "run_reference"]
 
@@ -80,8 +85,6 @@ def compare_with_cpu(model: torch.nn.Module, *inputs, options=None, rtol=None, a
     ``inputs`` are the per-call combined batches. For inference wrappers the CPU reference
     is the eager model on the same batch (output mode All). Returns the wrapper's outputs.
     """
-    from . import inferenceModel
-
     device_model = copy.deepcopy(model)
     wrapper = (wrapper_fn or inferenceModel)(device_model, options)
     try:
@@ -112,16 +115,10 @@ def run_reference(model: torch.nn.Module, optimizer, batches, options=None, loss
     of the flattened result (default: the last 0-d float output). Returned outputs follow the
     options' output mode (default Final), stacked as §2.4 says. Replication is not modelled.
     """
-    from torch.utils import _pytree as pytree
-
-    from .options.enums import ReductionType
-    from .options.options import Options
-
     options = Options() if options is None else options
     n = options.device_iterations
-    g = options._values["Training.gradientAccumulation"]
-    mean = options._values["Training.accumulationAndReplicationReductionType"] is (
-        ReductionType.Mean)
+    g = options.Training.gradient_accumulation
+    mean = options.Training.reduction_type is ReductionType.Mean
     mode = options.resolved_output_mode(True)
     period = options.output_return_period
     results = []
@@ -149,8 +146,6 @@ def run_reference(model: torch.nn.Module, optimizer, batches, options=None, loss
 
 
 def _stack(per_micro: list, mode, period: int, g: int) -> list:
-    from .options.enums import OutputMode
-
     if mode is OutputMode.Final:
         chosen = [per_micro[-1]]
     elif mode is OutputMode.Sum:

@@ -115,17 +115,12 @@ def _path_name(path) -> str:
     return text
 
 
-def micro_batch_divisor(options, training: bool) -> int:
-    return options.device_iterations * options.input_replicas * (
-        options._values["Training.gradientAccumulation"])
-
-
 def check_combined_batch(signature: InputSignature, options) -> int:
     """Each batched tensor's dim 0 must be a multiple of N·R·G (P24); returns that product."""
     n = options.device_iterations
     r = options.replication_factor
-    group = options._values["inputReplicaGrouping"][0]
-    g = options._values["Training.gradientAccumulation"]
+    group = options.input_replica_grouping[0]
+    g = options.Training.gradient_accumulation
     factor = n * options.input_replicas * g
     for leaf in signature.leaves:
         if not leaf.is_tensor or not leaf.shape:

@@ -20,7 +20,7 @@ from onnx import AttributeProto, helper
 
 from ..errors import popart_exception
 from ..ir.op import RecomputeType
-from .opsets import make_attribute
+from .base import make_attribute
 
 # Node attribute names of spec §3.6.
 IPU_ATTR = "__ipu_number"

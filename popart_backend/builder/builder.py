@@ -24,21 +24,19 @@ from onnx.external_data_helper import set_external_data
 
 from ..dtypes import DataType
 from ..errors import ModelError, popart_exception
+from ..importer.graph_walk import captured_names
+from ..importer.onnx_model import LoadedModel, import_model, load_model
 from ..ir.op import RecomputeType
 from ..ir.tensor import TensorInfo as IrTensorInfo
-from ..tensorinfo import INPUT_SETTINGS_KEY_PREFIX, InputSettings, TensorInfo, encode_input_settings
-from .annotations import BuilderAnnotations, annotation_attribute, python_attribute
-from .opsets import (
-    AI_GRAPHCORE,
-    AI_ONNX,
-    AI_ONNX_ML,
-    MAX_ONNX_OPSET,
-    MIN_ONNX_OPSET,
-    BoundCall,
-    Opset,
-    OpSpec,
-    opset_class,
+from ..tensorinfo import (
+    INPUT_SETTINGS_KEY_PREFIX,
+    InputSettings,
+    TensorInfo,
+    encode_input_settings,
 )
+from .annotations import BuilderAnnotations, annotation_attribute, python_attribute
+from .base import AI_GRAPHCORE, AI_ONNX, AI_ONNX_ML, Opset
+from .opsets import MAX_ONNX_OPSET, MIN_ONNX_OPSET, opset_class
 
 __all__ = ["Builder", "RecomputeType"]
 
@@ -105,8 +103,6 @@ class Builder(BuilderAnnotations):
             except Exception as exc:  # protobuf/IO errors have no common base
                 raise ModelError(f"Builder: could not read ONNX model '{path}': {exc}") from None
         if isinstance(model, (bytes, bytearray)):
-            from ..importer.onnx_model import load_model
-
             return load_model(bytes(model)).proto
         raise ModelError(
             f"Builder(modelProtoOrFilename): expected a path, bytes or onnx.ModelProto, not "
@@ -205,16 +201,6 @@ class Builder(BuilderAnnotations):
                 f"{where}: input(s) {unknown} are not tensors of this builder. Use ids returned "
                 f"by addInputTensor, addInitializedInputTensor or an op method."
             )
-
-    def _add_op(self, spec: OpSpec, call: BoundCall) -> list[str]:
-        """Write the node of a validated op-method call; returns its output ids."""
-        where = f"{spec.domain} {spec.op_type}"
-        self._check_known(call.inputs, where)
-        self._fix_opset(spec.domain, spec.version)
-        return self._add_node(
-            spec.op_type, spec.domain, call.inputs, call.num_outputs, call.attributes,
-            call.debug_context,
-        )
 
     def _add_node(self, op_type: str, domain: str, inputs: list[str], num_outputs: int,
                   attributes: list[AttributeProto], debug_context: str) -> list[str]:
@@ -547,8 +533,6 @@ class Builder(BuilderAnnotations):
     def _import_for_analysis(self, tensor_id: str):
         """The backend's Ir of the part of the model ``tensor_id`` depends on (nodes after it,
         which may use ops without a kernel yet, do not matter)."""
-        from ..importer.onnx_model import LoadedModel, _captured_names, import_model
-
         if self._ir_cache is None or self._ir_cache[0] != self._revision:
             self._ir_cache = (self._revision, {})
         irs = self._ir_cache[1]
@@ -560,7 +544,7 @@ class Builder(BuilderAnnotations):
                 if node is None or any(n is node for n in nodes):
                     continue
                 nodes.append(node)
-                for name in (*node.input, *_captured_names(node)):
+                for name in (*node.input, *captured_names(node)):
                     if name and name not in needed:
                         needed.add(name)
                         pending.append(name)

@@ -13,7 +13,8 @@ from typing import Any
 from onnx import AttributeProto
 
 from ..errors import popart_exception
-from .opsets import _F, _FS, _I, _IS, _S, AI_GRAPHCORE, Opset, make_attribute
+from ..ops.multiconv import PER_CONV_LISTS, check_hints
+from .base import _F, _FS, _I, _IS, _S, AI_GRAPHCORE, Opset, make_attribute
 
 
 def _id_list(where: str, what: str, ids) -> list[str]:
@@ -29,8 +30,6 @@ def _per_conv_lists(where: str, num_convs: int, lists: dict[str, Any]) -> list[A
 
     Each value is [] (defaults for every conv) or one list per conv, where [] again means that
     conv's defaults. The number of spatial dims comes from the lists that are given."""
-    from ..ops.multiconv import PER_CONV_LISTS
-
     spatial: set[int] = set()
     for name, outer in lists.items():
         if isinstance(outer, (str, bytes)) or not isinstance(outer, (list, tuple)):
@@ -80,8 +79,6 @@ def multiconv(self: Opset, args, dilations=(), inDilations=(), pads=(),
     dilations, inDilations, strides (n values), pads and outPads (2n, begins then ends) lists
     hold one list per convolution ([] for defaults). The remaining options are planning hints
     of the IPU (checked and recorded, no numeric effect). Returns one output id per conv."""
-    from ..ops.multiconv import check_hints
-
     where = f"{self.name}.multiconv"
     if isinstance(args, str) or not isinstance(args, (list, tuple)) or not args:
         raise popart_exception(

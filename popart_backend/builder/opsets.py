@@ -22,7 +22,7 @@ import functools
 import inspect
 import keyword
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -31,13 +31,19 @@ from onnx import AttributeProto, helper, numpy_helper
 
 from ..dtypes import DataType
 from ..errors import popart_exception
-
-if TYPE_CHECKING:
-    from .builder import Builder
-
-AI_ONNX = "ai.onnx"
-AI_ONNX_ML = "ai.onnx.ml"
-AI_GRAPHCORE = "ai.graphcore"
+from .base import (
+    _F,
+    _I,
+    _IS,
+    _S,
+    AI_GRAPHCORE,
+    AI_ONNX,
+    NodeWriter,
+    Opset,
+    _is_int,
+    make_attribute,
+)
+from .nested import GRAPHCORE_METHODS
 
 # ai.onnx versions the Builder offers: PopART's 6..11, extended to what the backend imports.
 MIN_ONNX_OPSET = 6
@@ -112,88 +118,6 @@ class OpSpec:
     @property
     def fixed_outputs(self) -> int:
         return self.max_outputs
-
-
-# --- attribute values ------------------------------------------------------------------------
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, enum.Enum)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-        value, enum.Enum
-    )
-
-
-def make_attribute(name: str, value, attr_type: int, where: str) -> AttributeProto:
-    """An AttributeProto of the schema's type; raises naming the op when the value does not fit."""
-
-    def bad(expected: str):
-        return popart_exception(
-            f"{where}: attribute '{name}' expects {expected}, got {type(value).__name__} "
-            f"{value!r}."
-        )
-
-    if isinstance(value, enum.Enum) and attr_type in (AttributeProto.INT, AttributeProto.FLOAT):
-        value = value.value
-    if attr_type == AttributeProto.INT:
-        if isinstance(value, (bool, np.bool_)):
-            value = int(value)
-        if not _is_int(value):
-            raise bad("an int")
-        return helper.make_attribute(name, int(value), attr_type=attr_type)
-    if attr_type == AttributeProto.FLOAT:
-        if not _is_number(value):
-            raise bad("a float")
-        return helper.make_attribute(name, float(value), attr_type=attr_type)
-    if attr_type == AttributeProto.STRING:
-        if not isinstance(value, (str, bytes)):
-            raise bad("a string")
-        return helper.make_attribute(name, value, attr_type=attr_type)
-    if attr_type in (AttributeProto.INTS, AttributeProto.FLOATS, AttributeProto.STRINGS):
-        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-            raise bad("a list")
-        items = list(value.tolist() if isinstance(value, np.ndarray) else value)
-        if attr_type == AttributeProto.INTS:
-            items = [int(v) if isinstance(v, (bool, np.bool_)) else v for v in items]
-            if not all(_is_int(v) for v in items):
-                raise bad("a list of ints")
-            items = [int(v) for v in items]
-        elif attr_type == AttributeProto.FLOATS:
-            if not all(_is_number(v) for v in items):
-                raise bad("a list of floats")
-            items = [float(v) for v in items]
-        elif not all(isinstance(v, (str, bytes)) for v in items):
-            raise bad("a list of strings")
-        return helper.make_attribute(name, items, attr_type=attr_type)
-    if attr_type == AttributeProto.TENSOR:
-        if isinstance(value, onnx.TensorProto):
-            return helper.make_attribute(name, value, attr_type=attr_type)
-        if isinstance(value, (np.ndarray, np.generic, int, float, bool)):
-            return helper.make_attribute(
-                name, numpy_helper.from_array(np.asarray(value)), attr_type=attr_type
-            )
-        raise bad("a numpy array")
-    if attr_type == AttributeProto.TENSORS:
-        return helper.make_attribute(
-            name,
-            [v if isinstance(v, onnx.TensorProto) else numpy_helper.from_array(np.asarray(v))
-             for v in value],
-            attr_type=attr_type,
-        )
-    if attr_type == AttributeProto.GRAPH:
-        graph = value.subgraph_proto() if hasattr(value, "subgraph_proto") else value
-        if not isinstance(graph, onnx.GraphProto):
-            raise bad("a subgraph builder (builder.createSubgraphBuilder()) or a GraphProto")
-        return helper.make_attribute(name, graph)
-    if attr_type in (AttributeProto.SPARSE_TENSOR, AttributeProto.TYPE_PROTO):
-        return helper.make_attribute(name, value, attr_type=attr_type)
-    raise popart_exception(
-        f"{where}: attribute '{name}' has type {AttributeProto.AttributeType.Name(attr_type)}, "
-        f"which the Builder cannot write yet."
-    )
 
 
 def _schema_default(attr: onnx.defs.OpSchema.Attribute):
@@ -307,10 +231,6 @@ def _comm_group(value):
     else:
         kind, size = value.type, value.replicaGroupSize
     return [kind.value if isinstance(kind, enum.Enum) else int(kind), int(size)]
-
-
-_I, _F, _S = AttributeProto.INT, AttributeProto.FLOAT, AttributeProto.STRING
-_IS, _FS = AttributeProto.INTS, AttributeProto.FLOATS
 
 
 def _gc(op_type, inputs, outputs=1, *attrs, returned=None, takes_args=True):
@@ -577,13 +497,23 @@ def _check_inputs(spec: OpSpec, where: str, args) -> list[str]:
     return list(args)
 
 
+def write_call(builder: NodeWriter, spec: OpSpec, call: BoundCall) -> list[str]:
+    """Write the node of a validated op-method call; returns its output ids."""
+    builder._check_known(call.inputs, f"{spec.domain} {spec.op_type}")
+    builder._fix_opset(spec.domain, spec.version)
+    return builder._add_node(
+        spec.op_type, spec.domain, call.inputs, call.num_outputs, call.attributes,
+        call.debug_context,
+    )
+
+
 def make_method(method_name: str, spec: OpSpec):
     """The opset-object method for ``spec``, with a real signature for help() and IDEs."""
 
-    def method(self: "Opset", *args, **kwargs):
+    def method(self: Opset, *args, **kwargs):
         where = f"{self.name}.{method_name}"
         call = bind_call(spec, where, args, kwargs)
-        outputs = self.builder._add_op(spec, call)
+        outputs = write_call(self.builder, spec, call)
         if spec.variable_outputs:
             return outputs
         if spec.returned_outputs is not None:
@@ -616,28 +546,6 @@ def make_method(method_name: str, spec: OpSpec):
 # --- opset objects ---------------------------------------------------------------------------
 
 
-class Opset:
-    """Base of the generated opset classes; ``builder.aiOnnx`` etc. are instances."""
-
-    domain: str = AI_ONNX
-    version: int = 0
-    name: str = ""
-
-    def __init__(self, builder: "Builder"):
-        self.builder = builder
-
-    def __getattr__(self, item: str):
-        if item.startswith("__"):
-            raise AttributeError(item)
-        raise AttributeError(
-            f"{self.name} has no op '{item}'. Op methods are lower-case ONNX names of "
-            f"{self.domain} opset {self.version} (e.g. 'add', 'matmul', 'reducesum')."
-        )
-
-    def __repr__(self) -> str:
-        return f"<{self.name}: {self.domain} opset {self.version}>"
-
-
 @functools.lru_cache(maxsize=None)
 def opset_class(domain: str, version: int, name: str) -> type[Opset]:
     """The generated class holding one method per op of ``domain`` at ``version``."""
@@ -646,8 +554,6 @@ def opset_class(domain: str, version: int, name: str) -> type[Opset]:
         method_name: make_method(method_name, spec) for method_name, spec in specs.items()
     }
     if domain == AI_GRAPHCORE:
-        from .nested import GRAPHCORE_METHODS
-
         namespace.update(GRAPHCORE_METHODS)
     namespace.update(domain=domain, version=version, name=name, op_specs=specs)
     class_name = name[0].upper() + name[1:]

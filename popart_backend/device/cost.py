@@ -30,8 +30,9 @@ drawn from all replicas of all processes under global replication (spec §5.3:
 
 A pipelined program (spec §5.1) follows the cycle table of device/pipeline_cost.py; host streams
 on IO tiles (spec §9) overlap compute as device/io_overlap.py describes. This module runs the
-schedule, adds the IPU-Link copies, streaming-memory and host transfers, and sums the step; every
-name of the cycle model stays importable from here.
+schedule, adds the IPU-Link copies, streaming-memory and host transfers (the records of
+device/transfers.py), and sums the step; every name of the cycle model stays importable from
+here.
 """
 
 from __future__ import annotations
@@ -60,83 +61,13 @@ from .pipeline_cost import (
     host_sync_ipus,
 )
 from .spec import IpuSpec
+from .transfers import BatchInfo, LinkTransfer, RemoteTransfer
 
 __all__ = [
     "BatchInfo", "CycleResult", "HostIO", "HostStream", "LinkTransfer", "OpCycles", "OverlapIO",
     "PipelineCycle", "PipelineCycles", "PipelineInfo", "RemoteTransfer", "collective_cycles",
     "collective_replicas", "compute_cycles", "host_sync_ipus", "op_cycles", "overlap_io",
 ]
-
-
-@dataclass(frozen=True)
-class BatchInfo:
-    """How often one step runs the schedule, and what crosses the host link."""
-
-    batches_per_step: int = 1
-    accumulation_factor: int = 1
-    replication_factor: int = 1
-    samples_per_micro_batch: int = 1
-    input_bytes_per_micro_batch: int = 0  # all input streams of one replica's micro-batch
-    anchor_bytes_per_step: int = 0  # all anchor chunks one replica returns per run
-
-    @classmethod
-    def from_program(cls, program) -> "BatchInfo":
-        """From a lowered ``device.lower.Program``. Samples per micro-batch: the leading dim of
-        the first input stream (1 for a scalar input or none)."""
-        first = program.inputs[0].info.shape if program.inputs else ()
-        rf = program.replication_factor
-        return cls(
-            batches_per_step=program.batches_per_step,
-            accumulation_factor=program.accumulation_factor,
-            replication_factor=rf,
-            samples_per_micro_batch=first[0] if first else 1,
-            input_bytes_per_micro_batch=sum(i.info.num_bytes for i in program.inputs),
-            anchor_bytes_per_step=sum(a.fetches_per_run * a.info.num_bytes
-                                      for a in program.anchors) // rf,
-        )
-
-    @property
-    def micro_batches_per_step(self) -> int:
-        """Micro-batches one replica runs in a step."""
-        return self.batches_per_step * self.accumulation_factor
-
-    @property
-    def samples_per_step(self) -> int:
-        """Samples all replicas together consume in a step."""
-        return self.micro_batches_per_step * self.replication_factor * self.samples_per_micro_batch
-
-
-@dataclass(frozen=True)
-class LinkTransfer:
-    """A tensor copied between IPUs before the op at ``position`` reads it."""
-
-    position: int
-    tensor_id: str
-    src_ipu: int
-    dst_ipu: int
-    num_bytes: int
-    context: ExecutionContext
-    link_cycles: int  # bytes over the IPU-Links
-    sync_cycles: int  # the IPU sync before it (a pipeline cycle's own sync replaces it)
-    stage: int | None = None  # the sending stage: the copy runs at the end of its cycle
-
-    @property
-    def cycles(self) -> int:
-        return self.link_cycles + self.sync_cycles
-
-
-@dataclass(frozen=True)
-class RemoteTransfer:
-    """The streaming-memory traffic of one off-chip tensor in one execution of a fragment."""
-
-    tensor_id: str
-    ipu: int
-    context: ExecutionContext
-    num_bytes: int  # one transfer
-    loads: int
-    stores: int
-    cycles: int
-    stage: int | None = None  # the pipeline stage whose fragment loads / stores it
 
 
 @dataclass
@@ -312,7 +243,8 @@ def compute_cycles(graph: Graph, order: Sequence[Op], spec: IpuSpec,
     if anchor_bytes:
         result.host_anchor_cycles = _host_transfer_cycles(anchor_bytes, spec)
     if pipeline is not None:
-        result.pipeline = _pipeline_cycles(result, pipeline, [s for s in serial if s.is_input])
+        result.pipeline = _pipeline_cycles(spec, result.ops, result.links, result.remote,
+                                           pipeline, [s for s in serial if s.is_input])
     if any(io.on_io_tiles(s) for s in io.streams):
         # Overlapped streams hide behind one iteration: a micro-batch, or a pipeline cycle.
         iteration = (result.pipeline.cycle_time if result.pipeline is not None

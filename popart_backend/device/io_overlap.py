@@ -15,14 +15,11 @@ exchange). The simulator computes the same values either way: only the timeline 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..tensorinfo import ExchangeStrategy, TileSet
 from .op_cost import _host_transfer_cycles, _seconds_to_cycles
 from .spec import IpuSpec
-
-if TYPE_CHECKING:
-    from .cost import BatchInfo
+from .transfers import BatchInfo
 
 _OVERLAP = (ExchangeStrategy.OverlapInnerLoop, ExchangeStrategy.OverlapLoops)
 

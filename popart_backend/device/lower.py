@@ -157,7 +157,7 @@ def lower(ir: Ir, data_flow: DataFlow, replication_factor: int = 1,
         random_seed_id=RANDOM_SEED_ID if RANDOM_SEED_ID in graph.tensors else None,
         has_outer_fragment=has_outer,
         persistent=tuple(op.outputs[0].id for op in schedule
-                         if getattr(op, "output_persists", False)),
+                         if op.output_persists),
         **pipeline,
     )
 
@@ -171,7 +171,7 @@ def _stage_order(schedule: list[Op]) -> list[Op]:
         normal = op.settings.execution_context is ExecutionContext.Normal
         return (contexts.index(op.settings.execution_context),
                 op.settings.pipeline_stage if normal else 0,
-                normal and getattr(op, "runs_between_cycles", False))
+                normal and op.runs_between_cycles)
 
     return sorted(schedule, key=key)
 
@@ -183,8 +183,7 @@ def _stage_of(tensor, num_stages: int) -> int:
     producer = tensor.producer
     if producer is not None and producer.settings.execution_context is normal:
         # A copy's value lands at the end of its stage's cycle, for the next stage to read.
-        return producer.settings.pipeline_stage + bool(getattr(producer, "runs_between_cycles",
-                                                                False))
+        return producer.settings.pipeline_stage + producer.runs_between_cycles
     if tensor.kind is TensorKind.STREAM:
         readers = [op.settings.pipeline_stage for op in tensor.consumers
                    if op.settings.execution_context is normal]

@@ -78,7 +78,7 @@ def collective_cycles(op: Op, spec: IpuSpec, replicas: int) -> int:
     ops, or one replica): a ring over each group of k replicas moves 2(k−1)/k of the bytes for
     an all-reduce, (k−1)/k of the whole tensor for a reduce-scatter or all-gather, plus one
     IPU sync."""
-    if not getattr(op, "collective", False) or replicas <= 1:
+    if not op.collective or replicas <= 1:
         return 0
     k = max(len(g) for g in op.groups(replicas))
     if k <= 1:
@@ -128,7 +128,7 @@ def op_cycles(op: Op, spec: IpuSpec, position: int = 0, replicas: int = 1) -> Op
         collective_cycles=collective_cycles(op, spec, replicas),
         stage=(op.settings.pipeline_stage
                if op.settings.execution_context is ExecutionContext.Normal else None),
-        between_cycles=bool(getattr(op, "runs_between_cycles", False)),
+        between_cycles=op.runs_between_cycles,
     )
 
 

@@ -1,5 +1,6 @@
 """Cycle table of a pipelined program and the host syncs of a ``SyncPattern`` (spec §5.4,
-F77), built from the per-op costs that ``device/cost.py`` collects in a ``CycleResult``.
+F77), built from the per-op costs and transfers that ``device/cost.py`` collects in a
+``CycleResult``.
 
 A pipelined program (spec §5.1) is timed as the simulator runs it. One pipeline run has
 G + P − 1 cycles (G = depth, P = stages counting forward and backward ones): P − 1 fill cycles,
@@ -18,15 +19,14 @@ its busy cycles (ops, copies, remote transfers) over the step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from ..errors import popart_exception, popart_internal_exception
 from ..ir.op import ExecutionContext
 from .io_overlap import HostStream
-from .op_cost import _host_transfer_cycles
-
-if TYPE_CHECKING:
-    from .cost import CycleResult
+from .op_cost import OpCycles, _host_transfer_cycles
+from .spec import IpuSpec
+from .transfers import LinkTransfer, RemoteTransfer
 
 
 @dataclass(frozen=True)
@@ -141,11 +141,12 @@ class PipelineCycles:
         return out
 
 
-def _pipeline_cycles(result: CycleResult, info: PipelineInfo,
+def _pipeline_cycles(spec: IpuSpec, ops: Sequence[OpCycles], links: Sequence[LinkTransfer],
+                     remote: Sequence[RemoteTransfer], info: PipelineInfo,
                      inputs: Sequence[HostStream]) -> PipelineCycles:
-    """The cycle table of one pipeline run (module docstring) from the per-op costs of
-    ``result``; ``inputs``: the host input streams not overlapped by IO tiles."""
-    spec = result.spec
+    """The cycle table of one pipeline run (module docstring) from the per-op costs, IPU-Link
+    copies and remote transfers of one step (``device.cost.CycleResult``); ``inputs``: the host
+    input streams not overlapped by IO tiles."""
     normal = ExecutionContext.Normal
     stages = info.num_stages
     work: list[dict[int, int]] = [{} for _ in range(stages)]  # per stage, per IPU
@@ -161,17 +162,17 @@ def _pipeline_cycles(result: CycleResult, info: PipelineInfo,
         work[stage][ipu] = work[stage].get(ipu, 0) + cycles
         (copies if copy else compute)[stage] += cycles
 
-    for o in result.ops:
+    for o in ops:
         if o.context is normal:
             add(o.stage, o.ipu, o.cycles, o.between_cycles)
             if not o.between_cycles:
                 stage_ipu.setdefault(o.stage, o.ipu)
-    for t in result.links:
+    for t in links:
         if t.context is normal:
             # Both ends take part in the transfer; the cycle's sync replaces the copy's own.
             add(t.stage, t.src_ipu, t.link_cycles, True)
             work[t.stage][t.dst_ipu] = work[t.stage].get(t.dst_ipu, 0) + t.link_cycles
-    for r in result.remote:
+    for r in remote:
         if r.context is normal:
             add(r.stage, r.ipu, r.cycles, False)
     stage_of_input = dict(info.input_stages)

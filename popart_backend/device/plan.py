@@ -34,6 +34,7 @@ from ..ir.graph import Graph
 from ..ir.op import ExecutionContext, Op
 from ..ir.tensor import TensorKind
 from ..ops.base import wrap_unsigned_outputs
+from ..ops.control_flow import use_body_compiler
 from ..ops.string_tensors import kernel_for
 
 
@@ -116,11 +117,12 @@ class ExecutionPlan:
         for position, (op, ins, outs) in enumerate(raw_steps):
             single = len(outs) == 1
             kernel = wrap_unsigned_outputs(op, kernel_for(op))
-            if getattr(op, "check_floating_point", False):
+            checks = op.settings.checks
+            if checks.floating_point:
                 kernel = floating_point_checked(op, kernel)
-            if getattr(op, "check_alias", False):
+            if checks.alias:
                 kernel = alias_checked(op, kernel)
-            if getattr(op, "check_modify", False):
+            if checks.modify:
                 kernel = modify_checked(op, kernel)
             step = (kernel, ins,
                     outs[0] if single else outs, single,
@@ -133,7 +135,7 @@ class ExecutionPlan:
         self.copy_steps: list[list[tuple]] = [[] for _ in range(num_stages)]
         for step in self.normal_steps if num_stages else ():
             op = step[5]
-            between = getattr(op, "runs_between_cycles", False)
+            between = op.runs_between_cycles
             (self.copy_steps if between else self.stage_steps)[op.settings.pipeline_stage].append(
                 step)
         self.values = values
@@ -158,7 +160,7 @@ class ExecutionPlan:
         if cached is None:
             cached, plain = [], []
             for step in steps:
-                if getattr(step[5], "collective", False):
+                if step[5].collective:
                     cached.append((plain, step))
                     plain = []
                 else:
@@ -251,6 +253,10 @@ class ExecutionPlan:
             raise popart_runtime_error(
                 f"{op.debug_name}: kernel failed on inputs {shapes}: {type(exc).__name__}: {exc}"
             ) from exc
+
+
+# Subgraph ops (If, Loop, Call, Scan ...) run each body as a plan of its own.
+use_body_compiler(ExecutionPlan)
 
 
 def floating_point_checked(op: Op, kernel):

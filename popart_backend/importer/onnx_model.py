@@ -27,18 +27,20 @@ from ..errors import ModelError, ShapeError, UnsupportedOpError
 from ..ir.ir import Ir
 from ..ir.op import OpSettings, RecomputeType
 from ..ir.tensor import TensorInfo, TensorKind
-from ..ops.control_flow import SubgraphOp
+from ..ops.control_flow import Body, SubgraphOp
 from ..ops.fused import FUSED_DOMAIN
 from ..ops.registry import (
     AI_ONNX,
     const_input_positions,
     create_op,
+    find,
     make_attrs,
     normalize_domain,
     resolve,
 )
 from ..transforms.const_fold import try_fold
 from .gradient_op import add_gradient, is_gradient_node
+from .graph_walk import captured_names, nodes_in_order
 from .sequences import StaticSequences
 from .value_io import ValueIO
 
@@ -248,7 +250,7 @@ def import_model(
         graph.add_tensor(value_info.name, tensor_info_of(value_info, shape_info), TensorKind.STREAM)
         graph.inputs.append(value_info.name)
 
-    for node in _nodes_in_order(proto.graph):
+    for node in nodes_in_order(proto.graph):
         scope.add(node)
 
     for out in proto.graph.output:
@@ -320,10 +322,15 @@ class _Scope:
 
     def add(self, node: onnx.NodeProto) -> None:
         """Import one node: a sequence op, a constant If (inlined) or an op."""
-        if self.sequences.handles(node):
+        domain = normalize_domain(node.domain)
+        found = find(node.op_type, domain, self.ir.opsets.get(domain, 0))
+        if found is not None and found[0].expands_at_import(node, self.sequences):
+            cls, version = found
             # The ops a sequence node becomes keep its placement (__ipu_number ...).
             values, annotations = split_annotations(node)
-            self.sequences.add(node, values, node_settings(node, annotations))
+            where = f"{node.op_type} '{node.name or node.output[0]}'"
+            attrs = make_attrs(cls, version, values, where)
+            self.sequences.add(cls, node, attrs, node_settings(node, annotations))
             return
         if is_gradient_node(node):
             for name in node.input:
@@ -373,8 +380,6 @@ class _Scope:
     def import_body(self, proto: onnx.GraphProto, input_infos: list[TensorInfo], where: str,
                     node: onnx.NodeProto, attr: str):
         """The Body of a GraphProto attribute, its formal inputs typed ``input_infos``."""
-        from ..ops.control_flow import Body
-
         if not isinstance(proto, onnx.GraphProto):
             raise ModelError(
                 f"{where}: attribute '{attr}' must be a graph, got {type(proto).__name__}."
@@ -400,7 +405,7 @@ class _Scope:
         """Initializers, nodes and outputs of a subgraph into this scope's graph."""
         for init in proto.initializer:
             self.graph.add_const(init.name, numpy_helper.to_array(init).copy())
-        for node in _nodes_in_order(proto, outer_ok=True):
+        for node in nodes_in_order(proto, outer_ok=True):
             self.add(node)
         for out in proto.output:
             self._add_output(out.name, where)
@@ -428,14 +433,15 @@ class _Scope:
             )
         for init in branch.initializer:
             self.graph.add_const(init.name, numpy_helper.to_array(init).copy())
-        for inner in _nodes_in_order(branch, outer_ok=True):
+        for inner in nodes_in_order(branch, outer_ok=True):
             self.add(inner)
         settings = node_settings(node, {})
         for out, name in zip(node.output, (o.name for o in branch.output)):
             if not out:
                 continue
             if self.sequences.is_value(name):  # a sequence or empty optional: alias it
-                self.sequences.add(onnx.helper.make_node("Identity", [name], [out]), {}, settings)
+                self.sequences.alias(name, out, settings, where)
+                self.sequences.origin.setdefault(out, settings)
                 continue
             self.lookup(name, where)
             identity = create_op("Identity", settings=settings, where=where)
@@ -451,53 +457,5 @@ def _weight_uses(graph: onnx.GraphProto, opsets: dict[str, int]) -> set[str]:
             node.op_type, normalize_domain(node.domain), opsets.get(normalize_domain(node.domain), 0)
         )
         used.update(n for i, n in enumerate(node.input) if n and i not in const_positions)
-        used.update(_captured_names(node))
+        used.update(captured_names(node))
     return used
-
-
-def _captured_names(node: onnx.NodeProto) -> set[str]:
-    """Names the subgraphs of ``node`` read from enclosing graphs."""
-    names: set[str] = set()
-    for attr in node.attribute:
-        graphs = list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else (
-            [attr.g] if attr.type == onnx.AttributeProto.GRAPH else [])
-        for sub in graphs:
-            defined = {i.name for i in sub.input} | {i.name for i in sub.initializer} | {""}
-            defined |= {o for n in sub.node for o in n.output}
-            reads = {n for inner in sub.node for n in inner.input} | {o.name for o in sub.output}
-            reads |= {n for inner in sub.node for n in _captured_names(inner)}
-            names |= reads - defined
-    return names
-
-
-def _nodes_in_order(graph: onnx.GraphProto, outer_ok: bool = False) -> list[onnx.NodeProto]:
-    """Nodes in topological order (ONNX requires it, but some producers do not comply).
-
-    A node waits for its inputs and for what its subgraphs read from this graph. With
-    ``outer_ok`` (subgraphs) names no node of ``graph`` produces come from enclosing graphs."""
-    known = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
-    if outer_ok:
-        produced = {o for n in graph.node for o in n.output}
-        known |= {n for node in graph.node for n in (*node.input, *_captured_names(node))
-                  if n not in produced}
-    pending = list(graph.node)
-    ordered = []
-    while pending:
-        rest = []
-        for node in pending:
-            if all(n in known for n in node.input) and all(
-                n in known for n in _captured_names(node)
-            ):
-                ordered.append(node)
-                known.update(node.output)
-            else:
-                rest.append(node)
-        if len(rest) == len(pending):
-            missing = sorted({n for node in rest for n in (*node.input, *_captured_names(node))
-                              if n not in known})
-            raise ModelError(
-                f"{len(rest)} node(s) read tensors no node or input produces: {missing[:10]}. "
-                f"First: {rest[0].op_type} '{rest[0].name}'."
-            )
-        pending = rest
-    return ordered

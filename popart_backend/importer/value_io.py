@@ -30,6 +30,7 @@ import dataclasses
 import numpy as np
 import onnx
 
+from ..dataflow import DataFlow, PyStepIO, PyStepIOCallback
 from ..errors import StepIOError, popart_exception
 
 
@@ -52,8 +53,6 @@ class ValueIO:
     def expand_data_flow(self, data_flow):
         """``data_flow`` with each sequence anchor replaced by its element anchors (same return
         type) and absent optional anchors dropped."""
-        from ..dataflow import DataFlow
-
         anchors = {}
         for anchor_id, art in data_flow.anchor_return_types().items():
             elements = self.outputs.get(anchor_id, [anchor_id])
@@ -74,8 +73,6 @@ class ValueIO:
     def flatten_step_io(self, stepio, streams: dict):
         """A step IO over element ids for one run. ``streams`` maps the device's input and
         anchor ids to their TensorInfo (element shapes for the callback checks)."""
-        from ..dataflow import PyStepIO, PyStepIOCallback
-
         if isinstance(stepio, PyStepIOCallback):
             return _SequenceCallbacks(self, stepio, streams).step_io()
         if not isinstance(stepio, PyStepIO):
@@ -210,8 +207,6 @@ class _SequenceCallbacks:
                 self.by_id[e] = (gathered, i)
 
     def step_io(self):
-        from ..dataflow import PyStepIOCallback
-
         flat = PyStepIOCallback(self._input, self._input_complete, self._output,
                                 self._output_complete)
         flat.runtime_asserts = self.user.runtime_asserts

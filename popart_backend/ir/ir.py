@@ -1,8 +1,39 @@
-"""Ir: the main graph plus what the whole model shares (opsets, anchors, options)."""
+"""Ir: the main graph plus what the whole model shares (opsets, anchors, options), and the
+facts one pass leaves for later passes and the session.
+
+Passes communicate only through the Ir: a pass that produces a cross-pass fact (the weight
+gradients, the accumulators, what the optimizer added, the pipeline stages ...) writes it to the
+typed field documented below, and the passes after it read that field.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from .graph import Graph
+
+
+@dataclass(frozen=True)
+class Accumulator:
+    """A trained weight's gradient accumulator (transforms/grad_accumulation.py)."""
+
+    tensor_id: str  # the ACCUMULATOR variable, Accum___<weight>
+    # What the optimizer reads as the gradient: the accumulator, or its in-place scaled alias
+    # (Mean / PostAndLoss); the reset writes through it so every reader runs first.
+    read_id: str
+
+
+@dataclass
+class OptimizerTensors:
+    """What ``Optimizer.apply()`` added: tensors the session writes, reads or resets."""
+
+    # tensor id -> (key without "default", e.g. "learningRate" or "lossScaling"; weight id, or
+    # None for the value shared by every weight without a specific one)
+    hyper_params: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    # weight id -> its state variables (moments, velocity, step counter)
+    state: dict[str, list[str]] = field(default_factory=dict)
+    # weight id -> the update op's output (aliases the weight)
+    updated: dict[str, str] = field(default_factory=dict)
 
 
 class Ir:
@@ -22,6 +53,33 @@ class Ir:
         # transforms/rts.py): id -> transforms.rts.Sharding. Their info is one shard; their
         # data stays the full host value (the host view of a sharded tensor is unsharded).
         self.sharded_variables: dict = {}
+        # Sequence / optional values of the graph's inputs and outputs (an
+        # importer.value_io.ValueIO, set by the importer; the session reads it).
+        self.value_io = None
+
+        # --- facts passes leave for later passes (written by the first, read by the others) --
+        # The ops of the forward graph (assign_virtual_graphs, before autodiff; read by
+        # assign_pipeline_stages and recompute).
+        self.forward_op_ids: frozenset[int] = frozenset()
+        # Pipelining (assign_pipeline_stages): stage -> IPU of every forward and backward
+        # stage (empty without pipelining), and the loss's stage. Read by
+        # insert_pipeline_stashes, insert_ipu_copies and recompute.
+        self.stage_ipus: dict[int, int] = {}
+        self.loss_stage: int | None = None
+        # Training: weight id -> the tensor its optimizer update reads as its gradient.
+        # autodiff sets Gradient___<w> for each trained WEIGHT; accumulate_gradients rewrites it
+        # to the accumulator, all_reduce_gradients to the all-reduced tensor, shard_variables
+        # to the reduce-scattered shard. apply_optimizer and shard_variables read it.
+        self.weight_grads: dict[str, str] = {}
+        # weight id -> its gradient accumulator (accumulate_gradients; read by
+        # reset_accumulators and shard_variables).
+        self.accumulators: dict[str, Accumulator] = {}
+        # The running-mean micro-batch counters (accumulate_gradients adds one, reset by
+        # reset_accumulators; assign_pipeline_stages splits it into one per stage).
+        self.accumulation_counters: tuple[str, ...] = ()
+        # What the optimizer added (apply_optimizer; read by shard_variables and the session's
+        # updateOptimizerFromHost). None until the optimizer ran.
+        self.optimizer_tensors: OptimizerTensors | None = None
 
     def create_graph(self, graph_id: str) -> Graph:
         graph = Graph(graph_id, self)

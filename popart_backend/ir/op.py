@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -43,8 +43,23 @@ class ExecutionContext(enum.Enum):
 
 
 @dataclass(frozen=True)
+class DebugChecks:
+    """Checks the execution plan wraps around an op's kernel (device/plan.py), marked by the
+    check passes of transforms/numerics_options.py, last in the pass list."""
+
+    # enableFloatingPointChecks: raise at the first NaN / inf computed from finite inputs.
+    floating_point: bool = False
+    # opxModifyChecking: raise when the kernel changes an input not in ``modifies_inputs``.
+    modify: bool = False
+    # opxAliasChecking: raise when the kernel returns an input's storage it may not alias.
+    alias: bool = False
+
+
+@dataclass(frozen=True)
 class OpSettings:
-    """Where an op runs and what it is called. Frozen: change it with ``dataclasses.replace``."""
+    """Where an op runs, what it is called, and how the session's options ask it to compute.
+    Frozen: change it with ``dataclasses.replace``. Ops a pass derives from an op (gradients,
+    fusions, recomputed clones) start from its settings."""
 
     name: str = ""
     scope: str = ""
@@ -59,11 +74,29 @@ class OpSettings:
     # Replica grouping of a collective op: (CommGroupType value, replicaGroupSize) from the
     # builder's ``commGroup`` annotation; None is all replicas (ops/collectives.py).
     comm_group: tuple[int, int] | None = None
+    # enableNonStableSoftmax (NonStableSoftmax pass): an op that ``supports_non_stable`` skips
+    # subtracting the maximum, exp(x) / sum(exp(x)).
+    non_stable: bool = False
+    # partialsTypeMatMuls = "half" (HalfPartialMatMuls pass): an op that
+    # ``supports_half_partials`` accumulates its float16 products in float16.
+    half_partials: bool = False
+    checks: DebugChecks = DebugChecks()
 
 
 @dataclass(frozen=True)
 class NoAttrs:
     """Attrs of an op without attributes."""
+
+
+@dataclass
+class TrainingForm:
+    """What replaces an op in a TrainingSession (``Op.training_form``): ``op`` reading
+    ``inputs`` (tensor ids, '' for absent) and writing ``outputs``, each a Tensor of the old op
+    (kept under its id), a fresh tensor id, or None (absent)."""
+
+    op: "Op"
+    inputs: list[str]
+    outputs: list["Tensor | str | None"]
 
 
 class Op:
@@ -96,6 +129,35 @@ class Op:
     # ... and for ops that only copy, select, reorder or compare elements for equality and pad
     # only with zeros: their one torch kernel runs on int64 codes of the strings.
     strings_as_codes: ClassVar[bool] = False
+    # Capabilities the passes and the device read off the class (per-instance choices are
+    # OpSettings fields). True for ops that read ``randomSeed___`` as their last input: the
+    # WireRandomSeed pass appends it, and recomputation never clones them.
+    requires_random_seed: ClassVar[bool] = False
+    # True for ops that run at the end of their stage's pipeline cycle, between cycles
+    # (IpuCopy): lowering, the plan and the cost model put them after the stage's compute.
+    runs_between_cycles: ClassVar[bool] = False
+    # True for ops whose output keeps its value from one run to the next (pipeline stashes):
+    # lowering lists them as persistent.
+    output_persists: ClassVar[bool] = False
+    # True for cross-replica ops (ops/collectives.py), which also define ``groups(replicas)``:
+    # the plan runs every replica up to them, the cost model adds IPU-Link cycles.
+    collective: ClassVar[bool] = False
+    # True for ops whose outputs never alias an input, weight, constant or host buffer: the
+    # InplaceVariants pass may then let a reader overwrite them.
+    fresh_outputs: ClassVar[bool] = False
+    # True for the matrix products whose kernel can accumulate float16 products in float16
+    # (OpSettings.half_partials; ops/matmul.py).
+    supports_half_partials: ClassVar[bool] = False
+    # True for the softmaxes whose kernel has the form without the maximum subtracted
+    # (OpSettings.non_stable; ops/softmax.py).
+    supports_non_stable: ClassVar[bool] = False
+    # Recomputation's NormOnly mode (transforms/recompute.py) recomputes normalisations and
+    # the non-linearity that directly follows one.
+    is_normalization: ClassVar[bool] = False
+    is_nonlinearity: ClassVar[bool] = False
+    # Ops the importer resolves into other ops instead of adding them to the graph (the static
+    # sequence and optional ops, ops/sequences.py): see ``expands_at_import`` and ``expand``.
+    import_time: ClassVar[bool] = False
 
     def __init__(self, attrs=None, settings: OpSettings | None = None, version: int | None = None):
         self.attrs = attrs if attrs is not None else self.Attrs()
@@ -144,6 +206,61 @@ class Op:
     def fold_from_infos(self) -> list[np.ndarray] | None:
         """Outputs computable from input infos alone (Shape, Size); None otherwise."""
         return None
+
+    def inplace_variants(self) -> list[tuple[object, float]]:
+        """In-place variants as (operator id, priority); the InplaceVariants pass picks one and
+        calls ``make_inplace``. Built-in ops have none (custom ops may, custom/adapter.py)."""
+        return []
+
+    def inplace_modifies(self, opid: object) -> tuple[int, ...]:
+        """The inputs the in-place variant ``opid`` (from ``inplace_variants``) overwrites."""
+        raise NotImplementedError(f"{self.op_type} has no in-place variants")
+
+    def make_inplace(self, opid: object) -> None:
+        """Turn this op into its in-place variant ``opid`` (from ``inplace_variants``)."""
+        raise NotImplementedError(f"{self.op_type} has no in-place variants")
+
+    # Read-only views of the per-op flags the numerics and check passes set in ``settings``
+    # (kept so ``op.half_partials`` etc. read as before the flags moved there).
+    @property
+    def non_stable(self) -> bool:
+        return self.settings.non_stable
+
+    @property
+    def half_partials(self) -> bool:
+        return self.settings.half_partials
+
+    @property
+    def check_floating_point(self) -> bool:
+        return self.settings.checks.floating_point
+
+    @property
+    def check_modify(self) -> bool:
+        return self.settings.checks.modify
+
+    @property
+    def check_alias(self) -> bool:
+        return self.settings.checks.alias
+
+    def training_form(self, random_seed: Callable[[], str]) -> "TrainingForm | None":
+        """The op replacing this one in a TrainingSession (transforms/training_semantics.py),
+        None when it behaves the same in training. ``random_seed()`` is the id of the seed
+        tensor random training forms read (created on first call)."""
+        return None
+
+    # --- resolved at import (static sequences and optionals) ----------------------------------
+
+    @classmethod
+    def expands_at_import(cls, node, values) -> bool:
+        """Whether the importer expands ``node`` (an onnx.NodeProto of this op) with ``expand``
+        instead of adding the op. ``values`` is the importer's ``StaticSequences`` of the graph
+        (importer/sequences.py)."""
+        return cls.import_time
+
+    @classmethod
+    def expand(cls, values, node, attrs, settings: OpSettings, where: str) -> None:
+        """Resolve ``node`` into ops of ``values.graph`` (or static sequence / optional values)."""
+        raise NotImplementedError(f"{cls.op_type} is not resolved at import")
 
     # --- helpers for subclasses ---------------------------------------------------------------
 

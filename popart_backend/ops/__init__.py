@@ -30,6 +30,7 @@ from . import graphcore_shape  # noqa: F401
 from . import graphcore_reduce  # noqa: F401
 from . import collectives  # noqa: F401
 from . import control_flow  # noqa: F401
+from . import sequences  # noqa: F401
 from . import scan  # noqa: F401
 from . import random_ops  # noqa: F401
 from . import misc  # noqa: F401

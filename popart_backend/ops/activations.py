@@ -33,6 +33,8 @@ _aten = torch.ops.aten
 
 @register_op("Relu", versions=(6, 13, 14))
 class Relu(Unary):
+    is_nonlinearity = True
+
     def kernel(self, x):
         return torch.relu(x)
 
@@ -50,6 +52,8 @@ class ReluGrad(ElementwiseGrad):
 
 @register_op("Sigmoid", versions=(6, 13))
 class Sigmoid(Unary):
+    is_nonlinearity = True
+
     def kernel(self, x):
         return torch.sigmoid(x)
 
@@ -65,6 +69,8 @@ class SigmoidGrad(ElementwiseGrad):
 
 @register_op("Tanh", versions=(6, 13))
 class Tanh(Unary):
+    is_nonlinearity = True
+
     def kernel(self, x):
         return torch.tanh(x)
 
@@ -80,6 +86,8 @@ class TanhGrad(ElementwiseGrad):
 
 @register_op("LeakyRelu", versions=(1, 6, 16))
 class LeakyRelu(LegacyConsumedInputs, Unary):
+    is_nonlinearity = True
+
     @dataclass(frozen=True)
     class Attrs:
         alpha: float = 0.01
@@ -101,6 +109,8 @@ class LeakyReluGrad(ElementwiseGrad):
 
 @register_op("HardSigmoid", versions=(1, 6, 22))
 class HardSigmoid(LegacyConsumedInputs, Unary):
+    is_nonlinearity = True
+
     @dataclass(frozen=True)
     class Attrs:
         alpha: float = 0.2
@@ -140,6 +150,8 @@ class HardSwishGrad(ElementwiseGrad):
 
 @register_op("Elu", versions=(1, 6, 22))
 class Elu(LegacyConsumedInputs, Unary):
+    is_nonlinearity = True
+
     @dataclass(frozen=True)
     class Attrs:
         alpha: float = 1.0
@@ -161,6 +173,8 @@ class EluGrad(ElementwiseGrad):
 
 @register_op("Selu", versions=(1, 6, 22))
 class Selu(Unary):
+    is_nonlinearity = True
+
     @dataclass(frozen=True)
     class Attrs:
         alpha: float = 1.67326319217681884765625
@@ -238,6 +252,8 @@ class ThresholdedReluGrad(ElementwiseGrad):
 
 @register_op("Softplus", versions=(1, 22))
 class Softplus(Unary):
+    is_nonlinearity = True
+
     def kernel(self, x):
         # threshold above which torch returns x itself: log1p(exp(x)) - x < float32 epsilon there
         return torch.nn.functional.softplus(x, beta=1.0, threshold=20.0)
@@ -271,6 +287,8 @@ class SoftsignGrad(ElementwiseGrad):
 
 @register_op("Gelu", versions=20)
 class Gelu(Unary):
+    is_nonlinearity = True
+
     @dataclass(frozen=True)
     class Attrs:
         approximate: str = "none"
@@ -300,6 +318,8 @@ class GeluGrad(ElementwiseGrad):
 
 @register_op("Mish", versions=(18, 22))
 class Mish(Unary):
+    is_nonlinearity = True
+
     def kernel(self, x):
         return torch.nn.functional.mish(x)
 

@@ -8,8 +8,10 @@ The body's other inputs are *captured*: tensors of an enclosing graph the body r
 (ONNX outer-scope references). The op reads each captured tensor as an extra input of the same
 id, appended after its ONNX operands, so the scheduler and the liveness see those reads.
 
-Each op compiles one ExecutionPlan per body on its first execution and reuses it: running a
-body is binding its inputs, executing the steps and reading its outputs.
+Each op compiles one plan per body on its first execution and reuses it: running a body is
+binding its inputs, executing the steps and reading its outputs. The compiler is the device's
+``ExecutionPlan``, which device/plan.py hands over with ``use_body_compiler`` when it loads, so
+ops never import the device; constant folding at import runs bodies through it as well.
 
 Static shapes (the simulated IPU has no dynamic shapes):
 
@@ -33,12 +35,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
 
 from ..dtypes import DataType
-from ..errors import ShapeError, UnsupportedOpError, popart_exception
+from ..errors import ShapeError, UnsupportedOpError, popart_exception, popart_internal_exception
 from ..ir.graph import Graph
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo, TensorKind
@@ -46,6 +49,28 @@ from .registry import AI_GRAPHCORE, create_op, register_op
 
 _BOOL_SCALAR = TensorInfo(DataType.BOOL, ())
 _INT64_SCALAR = TensorInfo(DataType.INT64, ())
+
+
+class BodyPlan(Protocol):
+    """A body compiled for execution (``device.plan.ExecutionPlan``): a slot per tensor id,
+    the slot values and the steps that compute them."""
+
+    slot: dict[str, int]
+    values: list
+    steps: list
+
+    def execute_in_no_grad(self, steps: list | None = None, values: list | None = None) -> None:
+        """Run ``steps`` over the slot values; the caller is inside ``torch.no_grad()``."""
+
+
+# ``compile(graph, keep=output ids) -> BodyPlan``, set by the device (module docstring).
+_compile_body: Callable[..., BodyPlan] | None = None
+
+
+def use_body_compiler(compile_body: Callable[..., BodyPlan]) -> None:
+    """Set how subgraph ops compile their bodies: device/plan.py passes ``ExecutionPlan``."""
+    global _compile_body
+    _compile_body = compile_body
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,9 +150,12 @@ class SubgraphOp(Op):
         plans = self.__dict__.setdefault("_plans", {})
         plan = plans.get(id(body))
         if plan is None:
-            from ..device.plan import ExecutionPlan  # the device executes plans; ops hold them
-
-            plan = plans[id(body)] = ExecutionPlan(body.graph, keep=body.graph.outputs)
+            if _compile_body is None:
+                raise popart_internal_exception(
+                    f"{self.debug_name}: no body compiler is set; device/plan.py sets it "
+                    f"(use_body_compiler) when popart_backend is imported."
+                )
+            plan = plans[id(body)] = _compile_body(body.graph, keep=body.graph.outputs)
             by_id = dict(zip(self.captured_ids(), range(len(captured))))
             self.__dict__.setdefault("_bindings", {})[id(body)] = (
                 [plan.slot[t] for t in body.formal],
@@ -178,6 +206,16 @@ class If(SubgraphOp):
         else_branch: Body
 
     body_attrs = ("then_branch", "else_branch")
+
+    @classmethod
+    def expands_at_import(cls, node, values) -> bool:
+        """With sequence or optional outputs and a computed condition, the importer inlines
+        both branches and selects each element with Where (importer/sequences.py)."""
+        return values.if_makes_sequences(node)
+
+    @classmethod
+    def expand(cls, values, node, attrs, settings, where):
+        values.expand_if(node, attrs, settings, where)
 
     def infer(self, *infos):
         operands, _ = self.split_inputs(infos)
@@ -376,6 +414,16 @@ class Loop(SubgraphOp):
         body: Body
 
     body_attrs = ("body",)
+
+    @classmethod
+    def expands_at_import(cls, node, values) -> bool:
+        """A loop carrying sequences, or reading one of an enclosing graph, is unrolled at
+        import: constant trip count and condition (importer/sequences.py)."""
+        return values.loop_needs_unrolling(node)
+
+    @classmethod
+    def expand(cls, values, node, attrs, settings, where):
+        values.unroll_loop(node, attrs, settings, where)
 
     def body_input_infos(self, attr, operands):
         return [_INT64_SCALAR, _BOOL_SCALAR, *operands[2:]]

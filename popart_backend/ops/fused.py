@@ -186,6 +186,8 @@ class ConvBiasAct(FusedOp):
 class Gelu(FusedOp):
     """Y = x * Phi(x), exact (erf) or the tanh approximation, in one F.gelu call."""
 
+    is_nonlinearity = True
+
     @dataclass(frozen=True)
     class Attrs:
         approximate: str = "none"
@@ -219,6 +221,8 @@ class LayerNorm(FusedOp):
     reciprocal standard deviation (shape of X with the normalized dims kept as 1) for
     LayerNormGrad, torch's native layer-norm backward.
     """
+
+    is_normalization = True
 
     @dataclass(frozen=True)
     class Attrs:

@@ -41,6 +41,8 @@ class GroupNormalization(Op):
     """PopART's group norm: X [N, C, ...], scale and bias per channel [C]; outputs Y, Mean and
     InvStdDev, the last two [N·num_groups]."""
 
+    is_normalization = True
+
     @dataclass(frozen=True)
     class Attrs:
         num_groups: int

@@ -10,7 +10,7 @@ import torch
 from ..errors import ShapeError
 from ..ir.op import NoAttrs, Op
 from ..ir.tensor import TensorInfo
-from .base import ElementwiseBinary, ElementwiseGrad, ElementwiseUnary
+from .base import ElementwiseBinary, ElementwiseGrad, ElementwiseUnary, broadcast_shapes
 from .graphcore_common import _INT_DTYPES, GC, _require_float
 from .registry import AI_ONNX, register_op
 
@@ -138,6 +138,8 @@ class Gelu(_GcUnary):
     """PopART's Gelu is poplibs' GELU non-linearity: the tanh approximation
     0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))."""
 
+    is_nonlinearity = True
+
     def kernel(self, x):
         return torch.nn.functional.gelu(x, approximate="tanh")
 
@@ -148,6 +150,8 @@ class Gelu(_GcUnary):
 @register_op("Swish", versions=1, domain=GC)
 class Swish(_GcUnary):
     """x · sigmoid(x)."""
+
+    is_nonlinearity = True
 
     def kernel(self, x):
         return torch.nn.functional.silu(x)
@@ -245,8 +249,6 @@ class ScaledAdd(Op):
         scale1: float = 1.0
 
     def infer(self, x0, x1, scale0=None, scale1=None):
-        from .base import broadcast_shapes
-
         for s in (scale0, scale1):
             if s is not None and s.nelms != 1:
                 raise ShapeError(f"{self.debug_name}: scale input {s} must hold one value.")

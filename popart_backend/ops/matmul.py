@@ -55,7 +55,7 @@ def half_partials_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _product(op: Op, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b with the op's partials type (half when the HalfPartialMatMuls pass marked it)."""
-    if getattr(op, "half_partials", False):
+    if op.settings.half_partials:
         return half_partials_matmul(a, b)
     return torch.matmul(a, b)
 
@@ -97,6 +97,8 @@ class MatMul(Op):
     """Y = A @ B with numpy broadcasting of the batch dims."""
 
     uses_amp = True
+    # partialsTypeMatMuls = "half" may make it accumulate in float16 (_product).
+    supports_half_partials = True
 
     def infer(self, a, b):
         if a.dtype != b.dtype:
@@ -140,6 +142,8 @@ class _MatMulGrad(Op):
     batch dims that broadcasting added back to the operand's shape."""
 
     uses_amp = True
+    # partialsTypeMatMuls = "half" may make it accumulate in float16 (_product).
+    supports_half_partials = True
 
     def setup(self, dy: TensorInfo, other: TensorInfo, shape, lhs: bool) -> TensorInfo:
         if not dy.dtype.is_float:
@@ -215,6 +219,8 @@ class Gemm(Op):
     """Y = alpha * A' @ B' + beta * C, where X' is X or its transpose; C broadcasts to Y."""
 
     uses_amp = True
+    # partialsTypeMatMuls = "half" may make it accumulate in float16 (_product).
+    supports_half_partials = True
 
     @dataclass(frozen=True)
     class Attrs:
@@ -289,7 +295,7 @@ class Gemm(Op):
 
     def kernel(self, a, b, c=None):
         at = self.attrs
-        if self._linear and not getattr(self, "half_partials", False):
+        if self._linear and not self.settings.half_partials:
             return F.linear(a, b, c)
         if self._widen is not None:
             a, b = a.to(self._widen), b.to(self._widen)
@@ -306,7 +312,7 @@ class Gemm(Op):
             if c is not None:
                 y = y + (c * int(at.beta) if at.beta != 1.0 else c)
             return y.to(self._out_dtype)
-        if getattr(self, "half_partials", False):
+        if self.settings.half_partials:
             # The float16 product, then alpha·Y + beta·C in float16 like the IPU's Gemm.
             y = half_partials_matmul(a, b)
             y = y if at.alpha == 1.0 else y.mul_(at.alpha)
@@ -346,6 +352,8 @@ class GemmGrad(Op):
     dA' = alpha·dY·B'^T and dB' = alpha·A'^T·dY, transposed back when the operand was."""
 
     uses_amp = True
+    # partialsTypeMatMuls = "half" may make it accumulate in float16 (_product).
+    supports_half_partials = True
 
     @dataclass(frozen=True)
     class Attrs:

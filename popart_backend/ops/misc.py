@@ -22,6 +22,8 @@ from .registry import AI_GRAPHCORE, register_op
 class LpNormalization(Op):
     """x / ||x||_p along ``axis`` (p = 1 or 2); a zero-norm slice stays zero."""
 
+    is_normalization = True
+
     @dataclass(frozen=True)
     class Attrs:
         axis: int = -1
@@ -50,6 +52,8 @@ class LpNormalization(Op):
 @register_op("LpNormalizationGrad", versions=1, domain=AI_GRAPHCORE)
 class LpNormalizationGrad(LpNormalization):
     """dx = (dy - y · <dy, d||x||/dx · ||x||>) / ||x||, with d||x||/dx = sign(x) (p=1) or x/||x||."""
+
+    is_normalization = False  # a grad op, not the forward it inherits from
 
     def infer(self, dy, x):
         return super().infer(x)

@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from ..dtypes import DataType
-from ..errors import ShapeError
-from ..ir.op import Op
-from ..ir.tensor import TensorInfo
+from ..errors import ShapeError, popart_exception
+from ..ir.op import Op, TrainingForm
+from ..ir.tensor import TensorInfo, TensorKind, TensorRole
 from .base import LegacyConsumedInputs, normalize_axis
 from .multi_grad import add_multi_grad_op, pick_grads, wanted_grads
-from .registry import AI_GRAPHCORE, register_op
+from .registry import AI_GRAPHCORE, create_op, register_op
 
 
 _STASH_TYPES = {
@@ -62,6 +62,7 @@ class _Normalization(Op):
 class BatchNormalization(_Normalization):
     """Y = (X - mean) / sqrt(var + epsilon) * scale + B with the given (running) statistics."""
 
+    is_normalization = True
     flops_per_element = 2  # statistics are given: scale and shift only
 
     @dataclass(frozen=True)
@@ -147,6 +148,34 @@ class BatchNormalization(_Normalization):
     def grad(self, g):
         _batch_norm_grads(self, g, g.input(3), g.input(4), training=0)
 
+    def training_form(self, random_seed):
+        """BatchNormalizationTraining: batch statistics, running mean and var updated in place
+        (role RUNNING_STAT: the optimizer leaves them alone), batch mean and inverse std out."""
+        for index, what in ((3, "mean"), (4, "var")):
+            stat = self.inputs[index]
+            if stat.kind is TensorKind.CONST:
+                # Training updates it, so it is state from now on (never shared with the host's
+                # constant data: the plan copies variables).
+                stat.kind = TensorKind.VARIABLE
+            if stat.kind is not TensorKind.VARIABLE:
+                raise popart_exception(
+                    f"{self.debug_name}: the running {what} '{stat.id}' is computed "
+                    f"({stat.kind.value}), but training updates it in place. Make it an "
+                    f"initializer."
+                )
+            stat.role = TensorRole.RUNNING_STAT
+        attrs = self.attrs
+        new = create_op(
+            "BatchNormalizationTraining",
+            {"epsilon": attrs.epsilon, "momentum": attrs.momentum,
+             "spatial": getattr(attrs, "spatial", 1)},
+            self.settings, domain=AI_GRAPHCORE, where=self.debug_name,
+        )
+        base, graph = self.outputs[0].id, self.graph
+        outputs = list(self.outputs) + [None] * (3 - len(self.outputs)) + [
+            graph.unique_id(f"{base}/batch_mean"), graph.unique_id(f"{base}/batch_invstd")]
+        return TrainingForm(new, [t.id for t in self.inputs], outputs)
+
 
 def _batch_norm_grads(op: Op, g, stat0: str, stat1: str, training: int) -> None:
     wrt = wanted_grads(g)
@@ -169,6 +198,7 @@ class BatchNormalizationTraining(_Normalization):
     gradient reuses.
     """
 
+    is_normalization = True
     public = False  # only the TrainingSemantics pass creates it
 
     modifies_inputs = (3, 4)
@@ -274,11 +304,26 @@ class BatchNormalizationGrad(_Normalization):
 class LayerNormalization(_Normalization):
     """Normalize over dims [axis, rank), then scale and shift; optional Mean and InvStdDev."""
 
+    is_normalization = True
+
     @dataclass(frozen=True)
     class Attrs:
         axis: int = -1
         epsilon: float = 1e-5
         stash_type: int = 1
+
+    def training_form(self, random_seed):
+        """The same op with its Mean and InvStdDev outputs, so the backward reuses them instead
+        of recomputing; None when it has them already."""
+        outputs = list(self.outputs) + [None] * (3 - len(self.outputs))
+        if all(t is not None for t in outputs[1:3]):
+            return None
+        base = outputs[0].id
+        for i, name in ((1, "mean"), (2, "invstddev")):
+            if outputs[i] is None:
+                outputs[i] = self.graph.unique_id(f"{base}/{name}")
+        new = type(self)(self.attrs, self.settings, self.version)
+        return TrainingForm(new, [t.id if t is not None else "" for t in self.inputs], outputs)
 
     def infer(self, x, scale, b=None):
         axis = normalize_axis(self, self.attrs.axis, x.rank)
@@ -355,6 +400,11 @@ class LayerNormalizationGrad(LayerNormalization):
     recomputed here.
     """
 
+    is_normalization = False  # a grad op, not the forward it inherits from
+
+    def training_form(self, random_seed):
+        return None  # a grad op: no training form
+
     flops_per_element = 8
 
     @dataclass(frozen=True)
@@ -408,6 +458,8 @@ def _check_channel_params(op: Op, x: TensorInfo, size: int, *params) -> None:
 class InstanceNormalization(LegacyConsumedInputs, _Normalization):
     """Normalize each (n, c) plane over its spatial dims, then scale and shift per channel."""
 
+    is_normalization = True
+
     @dataclass(frozen=True)
     class Attrs:
         epsilon: float = 1e-5
@@ -430,6 +482,8 @@ class InstanceNormalization(LegacyConsumedInputs, _Normalization):
 @register_op("GroupNormalization", versions=(18, 21))
 class GroupNormalization(_Normalization):
     """Normalize over groups of channels. Version 18 scales per group, 21 per channel."""
+
+    is_normalization = True
 
     @dataclass(frozen=True)
     class V18Attrs:

@@ -12,16 +12,18 @@ seed and counter (docs/training.md, "Randomness"). The mask is an output; the gr
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..dtypes import DataType
 from ..errors import ShapeError
-from ..ir.op import Op
+from ..ir.op import Op, TrainingForm
 from ..ir.tensor import TensorInfo
 from .base import broadcast_shapes
-from .registry import AI_GRAPHCORE, register_op
+from .registry import AI_GRAPHCORE, create_op, register_op
 
 
 @register_op("Dropout", versions=(1, 6, 7, 10, 12, 13, 22))
@@ -79,6 +81,26 @@ class Dropout(Op):
     def grad(self, g):
         """Inert dropout is the identity."""
         g.set_input_grad(0, g.output_grad(0))
+
+    def training_form(self, random_seed):
+        """DropoutTraining: an active mask from the seed tensor, the op's own stream of it
+        (``seed_modifier``, a stable hash of its output id); the mask becomes an output."""
+        if self.version >= 12:
+            ratio = self.const_input(1)
+            ratio = 0.5 if ratio is None else float(np.asarray(ratio))
+        else:
+            ratio = self.attrs.ratio
+        out = self.outputs[0]
+        new = create_op(
+            "DropoutTraining",
+            {"ratio": ratio, "seed_modifier": zlib.crc32(out.id.encode()),
+             "bool_mask": int(self.version >= 10)},
+            self.settings, domain=AI_GRAPHCORE, where=self.debug_name,
+        )
+        outputs = list(self.outputs) + [None] * (2 - len(self.outputs))
+        if outputs[1] is None:
+            outputs[1] = self.graph.unique_id(f"{out.id}/mask")
+        return TrainingForm(new, [self.inputs[0].id, random_seed()], outputs)
 
 
 _MASK64 = (1 << 64) - 1
@@ -189,6 +211,18 @@ class ShapedDropout(Op):
 
     def grad(self, g):
         g.set_input_grad(0, g.output_grad(0))
+
+    def training_form(self, random_seed):
+        """ShapedDropoutTraining, as Dropout's (its mask has the op's ``shape``)."""
+        out = self.outputs[0]
+        new = create_op(
+            "ShapedDropoutTraining",
+            {"shape": self.attrs.shape, "ratio": self.attrs.ratio,
+             "seed_modifier": zlib.crc32(out.id.encode())},
+            self.settings, domain=AI_GRAPHCORE, where=self.debug_name,
+        )
+        return TrainingForm(new, [self.inputs[0].id, random_seed()],
+                            [out, self.graph.unique_id(f"{out.id}/mask")])
 
 
 @register_op("ShapedDropoutTraining", versions=1, domain=AI_GRAPHCORE)

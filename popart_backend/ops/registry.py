@@ -120,15 +120,22 @@ def resolve(op_type: str, domain: str, opset: int, strict: bool = True) -> tuple
     return table[version], version
 
 
+def find(op_type: str, domain: str, opset: int) -> tuple[type[Op], int] | None:
+    """Op class and version a node would resolve to, without the strict version check; None
+    when nothing is registered at or below ``opset``. Never raises (``resolve`` reports)."""
+    table = _REGISTRY.get((normalize_domain(domain), op_type), {})
+    usable = [v for v in table if v <= opset]
+    return (table[max(usable)], max(usable)) if usable else None
+
+
 def const_input_positions(op_type: str, domain: str, opset: int) -> tuple[int, ...]:
     """Input positions read at compile time by the op a node would resolve to; () if unknown.
 
     Never raises: the importer uses it to classify initializers before resolving nodes (an
     unsupported node is reported when it is added).
     """
-    table = _REGISTRY.get((normalize_domain(domain), op_type), {})
-    usable = [v for v in table if v <= opset]
-    return tuple(table[max(usable)].const_inputs) if usable else ()
+    found = find(op_type, domain, opset)
+    return tuple(found[0].const_inputs) if found else ()
 
 
 def _similar(op_type: str, domain: str) -> str:

@@ -313,6 +313,15 @@ class Identity(ViewOp):
 
     strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
 
+    @classmethod
+    def expands_at_import(cls, node, values) -> bool:
+        """The Identity of a sequence or optional value aliases it at import."""
+        return bool(node.input) and values.is_value(node.input[0])
+
+    @classmethod
+    def expand(cls, values, node, attrs, settings, where):
+        values.alias(node.input[0], node.output[0], settings, where)
+
     def infer(self, data):
         return data
 

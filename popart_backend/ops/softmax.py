@@ -108,8 +108,10 @@ def _axis_grad(op: _AxisNormalizer, g, grad_type: str) -> None:
 
 @register_op("Softmax", versions=(1, 11, 13))
 class Softmax(_AxisNormalizer):
+    supports_non_stable = True  # enableNonStableSoftmax: compute() skips the maximum
+
     def compute(self, x, dim):
-        if getattr(self, "non_stable", False):  # SessionOptions.enableNonStableSoftmax
+        if self.settings.non_stable:  # SessionOptions.enableNonStableSoftmax
             e = torch.exp(x)
             return e / e.sum(dim, keepdim=True)
         return torch.softmax(x, dim)
@@ -128,8 +130,10 @@ class SoftmaxGrad(_AxisNormalizerGrad):
 
 @register_op("LogSoftmax", versions=(1, 11, 13))
 class LogSoftmax(_AxisNormalizer):
+    supports_non_stable = True  # enableNonStableSoftmax: compute() skips the maximum
+
     def compute(self, x, dim):
-        if getattr(self, "non_stable", False):  # SessionOptions.enableNonStableSoftmax
+        if self.settings.non_stable:  # SessionOptions.enableNonStableSoftmax
             return x - torch.log(torch.exp(x).sum(dim, keepdim=True))
         return torch.log_softmax(x, dim)
 

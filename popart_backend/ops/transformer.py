@@ -297,6 +297,8 @@ def _swish_derivative(x: torch.Tensor, alpha: float) -> torch.Tensor:
 class Swish(Unary):
     """Y = X * sigmoid(alpha * X)."""
 
+    is_nonlinearity = True
+
     @dataclass(frozen=True)
     class Attrs:
         alpha: float = 1.0

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..dtypes import DataType
 from ..errors import popart_exception
-from ..ir.ir import Ir
+from ..ir.ir import Ir, OptimizerTensors
 from ..ir.op import ExecutionContext, OpSettings
 from ..ir.tensor import Tensor, TensorInfo, TensorKind, TensorRole
 from ..ops.registry import AI_GRAPHCORE, create_op
@@ -17,7 +17,6 @@ from .values import (
     LOSS_SCALING_KEY,
     LOSS_SCALING_TENSOR,
     ClipNormSettings,
-    OptimizerTensors,
     OptimizerValue,
     OptimizerValueMap,
     _as_value,

@@ -1,11 +1,10 @@
 """The optimizers' shared pieces (spec §4.3, F38, F39): the mode enums, ``OptimizerValue`` and
 ``OptimizerValueMap`` (a hyper-parameter value and its per-weight overrides), gradient clipping
-settings, what ``Optimizer.apply`` returns, and the argument checks every optimizer uses."""
+settings, and the argument checks every optimizer uses."""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -17,7 +16,6 @@ __all__ = [
     "AdamMode",
     "AdaptiveMode",
     "ClipNormSettings",
-    "OptimizerTensors",
     "OptimizerValue",
     "OptimizerValueMap",
     "SGDAccumulatorAndMomentum",
@@ -152,19 +150,6 @@ class ClipNormSettings:
     def __repr__(self) -> str:
         ids = "all weights" if self.all_weights else self.weightIds
         return f"ClipNormSettings({ids}, maxNorm={self.maxNorm})"
-
-
-@dataclass
-class OptimizerTensors:
-    """What ``apply()`` added: tensors the session writes, reads or resets."""
-
-    # tensor id -> (key without "default", e.g. "learningRate" or "lossScaling"; weight id, or
-    # None for the value shared by every weight without a specific one)
-    hyper_params: dict[str, tuple[str, str | None]] = field(default_factory=dict)
-    # weight id -> its state variables (moments, velocity, step counter)
-    state: dict[str, list[str]] = field(default_factory=dict)
-    # weight id -> the update op's output (aliases the weight)
-    updated: dict[str, str] = field(default_factory=dict)
 
 
 def _as_value(value, where: str) -> OptimizerValue:

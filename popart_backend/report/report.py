@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from ..device.analysis import DeviceModel
+from .html import write_html
 from .summary import summary_text
 from .trace import chrome_trace
 
@@ -134,8 +135,6 @@ class Report:
     def to_html(self, path) -> None:
         """A self-contained HTML page: summary numbers, plots of memory per IPU, per tile and
         over the schedule, the timeline of one step, and the largest tensors."""
-        from .html import write_html  # matplotlib loads only when a page is written
-
         write_html(self.model, path, self.runs)
 
     def summary(self) -> str:

@@ -23,7 +23,7 @@ from ..errors import popart_exception
 from ..ir.graph import Graph
 from ..ir.ir import Ir
 from ..ir.op import Op
-from ..ir.tensor import Tensor, TensorKind
+from ..ir.tensor import Tensor, TensorKind, TensorRole
 from ..ops.registry import AI_ONNX, make_attrs, registered_versions, normalize_domain, _REGISTRY
 
 GRADIENT_PREFIX = "Gradient___"
@@ -125,7 +125,8 @@ class GradBuilder:
 
 
 class Autodiff:
-    """Pass: add gradient ops for every trainable variable on a path to ``loss_id``."""
+    """Pass: add gradient ops for every trainable variable on a path to ``loss_id`` (module
+    docstring); ``Ir.weight_grads`` maps each trained weight to its ``Gradient___<w>``."""
 
     name = "autodiff"
 
@@ -169,6 +170,9 @@ class Autodiff:
             if tensor.kind is TensorKind.VARIABLE and tensor.id in grads:
                 self.variable_grads[tensor.id] = self._named_total(grads, tensor)
                 changed = True
+        # The trained weights: running statistics and other state variables are not trained.
+        ir.weight_grads = {w: g for w, g in self.variable_grads.items()
+                           if graph.tensors[w].role is TensorRole.WEIGHT}
         _log.debug("autodiff: gradients for %d variables", len(self.variable_grads))
         return changed
 

@@ -102,7 +102,7 @@ class FuseAttention:
         for op in list(graph.ops.values()):
             # A non-stable softmax (enableNonStableSoftmax) keeps its own kernel.
             if (op.id in graph.ops and op.op_type == "Softmax" and op.domain == "ai.onnx"
-                    and not getattr(op, "non_stable", False)):
+                    and not op.settings.non_stable):
                 changed |= self._fuse(graph, op)
         return changed
 
@@ -133,7 +133,7 @@ class FuseAttention:
             guarded = True
         mm2 = only_consumer(probs, "MatMul")
         # Half-partials matmuls (partialsTypeMatMuls) keep their own float16 accumulation.
-        if mm2 is None or mm2.inputs[0] is not probs or getattr(mm2, "half_partials", False):
+        if mm2 is None or mm2.inputs[0] is not probs or mm2.settings.half_partials:
             return False
         chain.append(mm2)
         v = mm2.inputs[1]
@@ -166,7 +166,7 @@ class FuseAttention:
             chain.insert(0, post)
             t = src
         mm1 = producer(t, "MatMul")
-        if mm1 is None or only_consumer(t) is None or getattr(mm1, "half_partials", False):
+        if mm1 is None or only_consumer(t) is None or mm1.settings.half_partials:
             return False
         chain.insert(0, mm1)
         a, b = mm1.inputs

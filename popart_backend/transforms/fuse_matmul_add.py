@@ -74,7 +74,7 @@ class FuseMatMulAdd:
         for op in graph.topo_order():
             if op.graph is None or op.id not in graph.ops:
                 continue
-            if getattr(op, "half_partials", False):
+            if op.settings.half_partials:
                 continue  # partialsTypeMatMuls: its float16 accumulation stays its own
             if op.op_type == "MatMul" and op.domain == "ai.onnx":
                 changed |= self._fuse_matmul(graph, op)

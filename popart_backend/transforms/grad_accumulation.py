@@ -3,13 +3,14 @@ micro-batches into ``Accum___<w>`` variables and update the weights once per ``a
 
 Two passes, around the optimizer pass:
 
-- ``AccumulateGradients`` (before the optimizer) adds, per weight w with gradient
-  ``Gradient___w``, a zero-initialised variable ``Accum___w`` (role ACCUMULATOR) and an in-place
-  ``Accumulate`` op run every micro-batch. It then says which tensor the optimizer reads as w's
-  gradient (``weight_grads``) and that the optimizer runs in the ``AccumulateOuterFragment``
-  (once per weight update); ``reduction_factors`` gives the optimizer's extra gradient factor.
-- ``ResetAccumulators`` (after the optimizer) zeroes every accumulator in the outer fragment,
-  after the optimizer has read it.
+- ``AccumulateGradients`` (before the optimizer) adds, per weight w of ``Ir.weight_grads``
+  (gradient ``Gradient___w``), a zero-initialised variable ``Accum___w`` (role ACCUMULATOR) and
+  an in-place ``Accumulate`` op run every micro-batch. It records the accumulators
+  (``Ir.accumulators``) and points ``Ir.weight_grads`` at the tensor the optimizer reads as w's
+  gradient; the optimizer runs in the ``AccumulateOuterFragment`` (once per weight update);
+  ``reduction_factors`` gives the optimizer's extra gradient factor.
+- ``ResetAccumulators`` (after the optimizer) zeroes every accumulator of ``Ir.accumulators``
+  in the outer fragment, after the optimizer has read it.
 
 ``accumulationAndReplicationReductionType`` Sum uses the summed gradient. Mean divides by af
 (and by the replica count), each ``MeanReductionStrategy`` literally:
@@ -41,7 +42,7 @@ import logging
 import numpy as np
 
 from ..errors import popart_exception, popart_internal_exception
-from ..ir.ir import Ir
+from ..ir.ir import Accumulator, Ir
 from ..ir.op import ExecutionContext, OpSettings
 from ..ir.tensor import TensorInfo, TensorKind, TensorRole
 from ..ops.registry import AI_GRAPHCORE, create_op
@@ -81,16 +82,13 @@ def reduction_factors(options, accumulation_factor: int,
 
 
 class AccumulateGradients:
-    """Pass: accumulators and per-micro-batch ``Accumulate`` ops for every weight gradient.
-
-    ``gradients`` is a callable giving ``{weight id: gradient id}`` once autodiff has run (the
-    passes are built before any of them runs). After ``run``, ``weight_grads`` maps each weight
-    to the tensor its optimizer update reads.
-    """
+    """Pass: accumulators and per-micro-batch ``Accumulate`` ops for every weight gradient of
+    ``Ir.weight_grads`` (module docstring); afterwards ``Ir.weight_grads`` maps each weight to
+    the tensor its optimizer update reads, and ``Ir.accumulators`` holds the accumulators."""
 
     name = "accumulate_gradients"
 
-    def __init__(self, gradients, accumulation_factor: int, reduction: ReductionType,
+    def __init__(self, accumulation_factor: int, reduction: ReductionType,
                  strategy: MeanReductionStrategy, accumulator_dtype=None):
         """``accumulator_dtype(weight DataType) -> DataType`` picks each accumulator's type (the
         optimizer's ``accumType``); default: the gradient's type."""
@@ -99,19 +97,14 @@ class AccumulateGradients:
                 f"accumulationFactor = {accumulation_factor}: gradient accumulation needs a "
                 f"factor >= 1 micro-batches per weight update."
             )
-        self._gradients = gradients
         self._accumulator_dtype = accumulator_dtype
         self.accumulation_factor = accumulation_factor
         self.mean = reduction is ReductionType.Mean
         self.strategy = strategy
-        self.weight_grads: dict[str, str] = {}
-        self.accumulators: dict[str, str] = {}
-        self.counter_id: str | None = None
-        self.context = OUTER
 
     def run(self, ir: Ir) -> bool:
         graph = ir.main
-        gradients = self._gradients()
+        gradients = dict(ir.weight_grads)
         if not gradients:
             return False
         running = self.mean and self.strategy is MeanReductionStrategy.Running
@@ -138,14 +131,14 @@ class AccumulateGradients:
             if post_scale:
                 read_id = self._add(graph, "AccumulatorScale", [accum_id], f"{accum_id}/mean",
                                     OUTER, factor=1.0 / self.accumulation_factor).outputs[0].id
-            self.accumulators[weight_id] = accum_id
-            self.weight_grads[weight_id] = read_id
+            ir.accumulators[weight_id] = Accumulator(accum_id, read_id)
+            ir.weight_grads[weight_id] = read_id
         if running:
             # Graph.add_op schedules the Accumulates, which read the count, before this write.
             one = graph.add_const(graph.unique_id(f"{COUNTER_ID}/one"), np.ones((), np.float32))
             self._add(graph, "Accumulate", [COUNTER_ID, one.id], f"{COUNTER_ID}/incremented",
                       ExecutionContext.Normal)
-            self.counter_id = COUNTER_ID
+            ir.accumulation_counters = (COUNTER_ID,)
         _log.debug("accumulate_gradients: %d accumulators, af = %d", len(gradients),
                    self.accumulation_factor)
         return True
@@ -228,21 +221,22 @@ def count_per_stage(graph) -> list[str]:
 
 
 class ResetAccumulators:
-    """Pass: zero every accumulator of ``accumulation`` in the outer fragment, after the
-    optimizer read it (and the running-mean counter)."""
+    """Pass: zero every accumulator of ``Ir.accumulators`` (and the running-mean counters) in
+    the outer fragment, after the optimizer read it.
+
+    Before:  UpdatedVar___w = SGDUpdate(w, Accum___w)                 # outer fragment
+    After:   UpdatedVar___w = SGDUpdate(w, Accum___w)
+             Accum___w/reset = AccumulatorScale(Accum___w, factor=0)  # outer fragment
+    """
 
     name = "reset_accumulators"
 
-    def __init__(self, accumulation: AccumulateGradients):
-        self._accumulation = accumulation
-
     def run(self, ir: Ir) -> bool:
         graph = ir.main
-        accumulation = self._accumulation
-        for weight_id, accum_id in accumulation.accumulators.items():
+        for accumulator in ir.accumulators.values():
             # Reset through the tensor the optimizer read (an alias of the accumulator), so
             # the scheduler puts every reader of it first.
-            read_id = accumulation.weight_grads.get(weight_id, accum_id)
+            accum_id, read_id = accumulator.tensor_id, accumulator.read_id
             tensor = graph.tensor(read_id)
             if read_id != accum_id and tensor.producer is None:
                 raise popart_internal_exception(
@@ -250,8 +244,8 @@ class ResetAccumulators:
                 )
             AccumulateGradients._add(graph, "AccumulatorScale", [read_id], f"{accum_id}/reset",
                                      OUTER, factor=0.0)
-        if accumulation.counter_id is not None:
-            AccumulateGradients._add(graph, "AccumulatorScale", [accumulation.counter_id],
-                                     f"{accumulation.counter_id}/reset", OUTER, factor=0.0)
-        return bool(accumulation.accumulators)
+        for counter_id in ir.accumulation_counters:
+            AccumulateGradients._add(graph, "AccumulatorScale", [counter_id],
+                                     f"{counter_id}/reset", OUTER, factor=0.0)
+        return bool(ir.accumulators)
 

@@ -1,7 +1,7 @@
 """Switch ops to their in-place variants where no other reader can notice (PopART's InPlace).
 
-An op offers variants through ``inplace_variants() -> [(opid, priority)]`` (best first by
-priority) and ``make_inplace(opid)``, which turns it into the variant: the same node, whose
+An op offers variants through ``Op.inplace_variants() -> [(opid, priority)]`` (best first by
+priority; the base class offers none) and ``make_inplace(opid)``, which turns it into the variant: the same node, whose
 kernel now writes the inputs listed in ``modifies_inputs`` and returns them as outputs. Today
 custom ops (``popart_backend.custom``) offer variants; built-in ops do not.
 
@@ -35,10 +35,7 @@ class InplaceVariants:
         protected = set(graph.outputs) | set(ir.anchors)
         changed = False
         for op in graph.topo_order():
-            variants = getattr(op, "inplace_variants", None)
-            if variants is None:
-                continue
-            for opid, _priority in sorted(variants(), key=lambda v: -float(v[1])):
+            for opid, _priority in sorted(op.inplace_variants(), key=lambda v: -float(v[1])):
                 modified = op.inplace_modifies(opid)
                 if all(self._safe(op, i, protected) for i in modified):
                     _log.debug("inplace: %s becomes %s", op.debug_name, opid)
@@ -52,7 +49,7 @@ class InplaceVariants:
         tensor = op.inputs[index] if index < len(op.inputs) else None
         return (tensor is not None
                 and tensor.producer is not None
-                and getattr(tensor.producer, "fresh_outputs", False)
+                and tensor.producer.fresh_outputs
                 and tensor.id not in protected
                 and len(tensor.consumers) == 1
                 and tensor.producer.settings.execution_context is op.settings.execution_context)

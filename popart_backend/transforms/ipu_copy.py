@@ -48,7 +48,7 @@ class InsertIpuCopies:
         self.placement = placement
 
     def run(self, ir) -> bool:
-        if not self.placement.sharded or self.placement.num_stages:
+        if not self.placement.sharded or ir.stage_ipus:
             return False
         graph = ir.main
         copies: dict[tuple[str, int], str] = {}

@@ -1,8 +1,8 @@
 """Passes for the SessionOptions that change how ops compute rather than what they mean.
 
-- ``enableNonStableSoftmax``: ``NonStableSoftmax`` marks every ai.onnx Softmax / LogSoftmax
-  (before the fusions, which leave marked ones alone), and their kernels skip subtracting the
-  maximum: exp(x) / sum(exp(x)). Results are equal up to rounding until exp overflows (inputs
+- ``enableNonStableSoftmax``: ``NonStableSoftmax`` marks (``OpSettings.non_stable``) every op
+  whose class ``supports_non_stable`` (the ai.onnx Softmax / LogSoftmax), before the fusions,
+  which leave marked ones alone, and their kernels skip subtracting the maximum: exp(x) / sum(exp(x)). Results are equal up to rounding until exp overflows (inputs
   above ~88 in float32), where the IPU's faster form gives inf / NaN, and so does ours.
 - ``groupNormStridedChannelGrouping``: ``StridedGroupNorm`` makes group g of an ai.graphcore
   GroupNormalization hold channels g, g + G, g + 2G ... (G = num_groups) instead of a contiguous
@@ -10,29 +10,33 @@
   order before the op and back after it, so the op's kernel and gradient stay as they are and
   training differentiates the Gathers. The Mean / InvStdDev outputs keep their group order.
 - ``enableFloatingPointChecks``: ``FloatingPointChecks`` (last in the pass list, so it sees every
-  op the other passes added) marks every op; the execution plan then checks each float output
+  op the other passes added) marks every op (``OpSettings.checks``); the execution plan then checks each float output
   of a marked op and raises ``popart_runtime_error`` at the first NaN or inf computed from
   finite inputs, as the IPU's floating-point exceptions stop the program there. Values that
   were already non-finite on the way in propagate without a new exception.
-- ``partialsTypeMatMuls = "half"``: ``HalfPartialMatMuls`` marks every MatMul and Gemm with
-  float16 operands (``half_partials``), before the fusions, which leave marked ones alone; in
-  training it runs again after autodiff for the gradient products (MatMulLhsGrad,
-  MatMulRhsGrad, GemmGrad). Their kernels then accumulate in float16 (ops/matmul.py); float32
+- ``partialsTypeMatMuls = "half"``: ``HalfPartialMatMuls`` marks (``OpSettings.half_partials``)
+  every op whose class ``supports_half_partials`` (MatMul, Gemm and their gradient products
+  MatMulLhsGrad, MatMulRhsGrad, GemmGrad) with float16 operands, before the fusions, which
+  leave marked ones alone; in training it runs again after autodiff for the gradient products. Their kernels then accumulate in float16 (ops/matmul.py); float32
   products are unaffected. "float" and "" keep float32 partials.
 - ``opxModifyChecking`` / ``opxAliasChecking``: ``KernelChecks`` (last, like the floating-point
-  checks) marks every op; the execution plan (device/plan.py ``modify_checked``,
+  checks) marks every op (``OpSettings.checks``); the execution plan (device/plan.py ``modify_checked``,
   ``alias_checked``) then raises ``popart_internal_exception`` when a kernel changes an input
   its op does not list in ``modifies_inputs``, or returns an input's storage although its op
   neither sets ``aliases_inputs`` nor modifies that input. These check the kernels, not the
   model; a correct op never trips them. Ops of subgraphs (If, Loop bodies) are marked too, but
   only kernels the plan runs are checked.
 
-Before:  y = Softmax(x)   After: y = Softmax(x) with op.non_stable = True (kernel exp / sum)
+Before:  y = Softmax(x)   After: y = Softmax(x)  # settings.non_stable (kernel exp / sum)
+Before:  y = MatMul(a, b)  # f16   After: y = MatMul(a, b)  # settings.half_partials
+Before:  y = Relu(x)      After: y = Relu(x)  # settings.checks: floating_point / modify / alias
 Before:  y, m, s = GroupNorm(x, w, b)
 After:   y', m, s = GroupNorm(Gather(x, p, 1), Gather(w, p), Gather(b, p)); y = Gather(y', p⁻¹, 1)
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -41,9 +45,7 @@ from ..ir.graph import Graph
 from ..ir.ir import Ir
 from ..ir.op import Op
 from ..ir.tensor import Tensor
-from ..ops.registry import AI_GRAPHCORE, AI_ONNX, create_op
-
-_SOFTMAX_TYPES = ("Softmax", "LogSoftmax")
+from ..ops.registry import AI_GRAPHCORE, create_op
 
 
 class NonStableSoftmax:
@@ -55,8 +57,8 @@ class NonStableSoftmax:
         changed = False
         for graph in ir.graphs.values():
             for op in graph.ops.values():
-                if op.domain == AI_ONNX and op.op_type in _SOFTMAX_TYPES:
-                    op.non_stable = True
+                if op.supports_non_stable and not op.settings.non_stable:
+                    _mark(op, non_stable=True)
                     changed = True
         return changed
 
@@ -123,7 +125,7 @@ class FloatingPointChecks:
     def run(self, ir: Ir) -> bool:
         for graph in ir.graphs.values():
             for op in graph.ops.values():
-                op.check_floating_point = True
+                _mark(op, checks=dataclasses.replace(op.settings.checks, floating_point=True))
         return bool(ir.graphs)
 
 
@@ -139,13 +141,9 @@ class KernelChecks:
     def run(self, ir: Ir) -> bool:
         for graph in ir.graphs.values():
             for op in graph.ops.values():
-                op.check_modify = self.modify
-                op.check_alias = self.alias
+                _mark(op, checks=dataclasses.replace(op.settings.checks, modify=self.modify,
+                                                     alias=self.alias))
         return bool(ir.graphs)
-
-
-_MATMUL_TYPES = {(AI_ONNX, "MatMul"), (AI_ONNX, "Gemm"), (AI_GRAPHCORE, "MatMulLhsGrad"),
-                 (AI_GRAPHCORE, "MatMulRhsGrad"), (AI_GRAPHCORE, "GemmGrad")}
 
 
 class HalfPartialMatMuls:
@@ -157,9 +155,14 @@ class HalfPartialMatMuls:
         changed = False
         for graph in ir.graphs.values():
             for op in graph.ops.values():
-                if ((op.domain, op.op_type) in _MATMUL_TYPES and op.inputs[0] is not None
+                if (op.supports_half_partials and op.inputs[0] is not None
                         and op.inputs[0].info.dtype is DataType.FLOAT16
-                        and not getattr(op, "half_partials", False)):
-                    op.half_partials = True
+                        and not op.settings.half_partials):
+                    _mark(op, half_partials=True)
                     changed = True
         return changed
+
+
+def _mark(op: Op, **flags) -> None:
+    """Set fields of the op's (frozen) settings."""
+    op.settings = dataclasses.replace(op.settings, **flags)

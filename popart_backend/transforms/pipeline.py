@@ -1,7 +1,10 @@
 """The ordered list of IR passes a session runs (DESIGN: one list, in order).
 
 A pass is an object with a ``name`` and ``run(ir) -> bool`` (True when it changed the IR).
-With ``debug=True`` the IR is verified after every pass.
+With ``debug=True`` the IR is verified after every pass. Passes communicate only through the
+``Ir``: a fact one pass leaves for another (the weight gradients, accumulators, what the
+optimizer added, the pipeline stages) is a typed field of the Ir (ir/ir.py), never a pass
+object handed to another pass. Their constructors take options and other configuration only.
 
 Training (docs/training.md) runs the fusions whose fused op has a gradient (MatMul + bias,
 GELU, the spelled-out layer norm, attention), in their training mode, before autodiff;
@@ -28,7 +31,7 @@ from .fuse_conv_bn import FoldBatchNormIntoConv
 from .fuse_gelu import FuseGelu
 from .fuse_layer_norm import FuseLayerNorm
 from .fuse_matmul_add import FuseMatMulAdd
-from .grad_accumulation import AccumulateGradients, ResetAccumulators, reduction_factors
+from .grad_accumulation import OUTER, AccumulateGradients, ResetAccumulators, reduction_factors
 from .inplace import InplaceVariants
 from .numerics_options import (FloatingPointChecks, HalfPartialMatMuls, KernelChecks,
                                NonStableSoftmax, StridedGroupNorm)
@@ -117,10 +120,10 @@ def multi_ipu_passes(options, placement: Placement, loss_id: str | None, depth: 
     """The passes after the session's own: placement of the ops they added, pipeline stages,
     recomputation (training only), then stashes and inter-IPU copies (spec §3.4, §5.1, §5.2)."""
     passes = [PlaceRemainingOps(placement),
-              AssignPipelineStages(options, placement, loss_id, depth, depth_name)]
+              AssignPipelineStages(options, loss_id, depth, depth_name)]
     if loss_id is not None:
-        passes.append(Recompute(options.autoRecomputation, placement))
-    return passes + [InsertPipelineStashes(placement), InsertIpuCopies(placement)]
+        passes.append(Recompute(options.autoRecomputation))
+    return passes + [InsertPipelineStashes(), InsertIpuCopies(placement)]
 
 
 def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
@@ -132,14 +135,14 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     the gradient all-reduce and the Mean reduction span it.
 
     ``optimizer`` provides ``apply``, ``getLossScalingVal`` and ``loss_scaling_is_const``
-    (``popart_backend.optimizers``). The ``ApplyOptimizer`` pass of the list keeps what the
-    optimizer added (``.tensors``), which the session reads.
+    (``popart_backend.optim``). What it added ends in ``Ir.optimizer_tensors``, which the
+    session reads.
     """
     loss_factor, grad_factor = reduction_factors(options, accumulation_factor,
                                                  replication_factor)
     loss_scaling = float(optimizer.getLossScalingVal())
     const_scaling = optimizer.loss_scaling_is_const()
-    autodiff = Autodiff(loss_id, loss_scaling * loss_factor if const_scaling else loss_factor)
+    seed = loss_scaling * loss_factor if const_scaling else loss_factor
     placement = Placement(options.virtualGraphMode, ipus_per_replica, options.enablePipelining)
     # Fusions whose fused op has a gradient, before placement (they keep the settings of the
     # ops they replace) and autodiff. Virtual graphs before autodiff: every gradient op
@@ -147,35 +150,28 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     passes: list = [FoldConstants(), *numerics_passes(options), TrainingSemantics(),
                     FuseMatMulAdd(training=True), FuseGelu(training=True),
                     FuseLayerNorm(training=True), FuseAttention(training=True),
-                    AssignVirtualGraphs(placement), autodiff]
+                    AssignVirtualGraphs(placement), Autodiff(loss_id, seed)]
     if half_partials(options):
         passes.append(HalfPartialMatMuls())  # the gradient products autodiff added
     if not const_scaling:
         passes.append(SeedLossScaling(loss_id, loss_scaling))
-    grads = lambda: trained_weights(autodiff)  # noqa: E731 - filled when autodiff runs
-    context = ExecutionContext.Normal
-    accumulation = None
+    # Ir.weight_grads (set by autodiff) is rewritten by each of the next passes in turn.
+    # With accumulation the optimizer runs once per weight update, in the outer fragment.
+    context = OUTER if options.enableGradientAccumulation else ExecutionContext.Normal
     if options.enableGradientAccumulation:
-        accumulation = AccumulateGradients(
-            grads, accumulation_factor, options.accumulationAndReplicationReductionType,
+        passes.append(AccumulateGradients(
+            accumulation_factor, options.accumulationAndReplicationReductionType,
             options.meanAccumulationAndReplicationReductionStrategy,
-            optimizer.accumulator_dtype)
-        passes.append(accumulation)
-        grads = lambda: accumulation.weight_grads  # noqa: E731
-        context = accumulation.context
+            optimizer.accumulator_dtype))
     # Gradients summed over all (global) replicas before the update (spec §5.3).
-    replication = AllReduceGradients(grads, context, replication_factor)
-    passes.append(replication)
-    grads = lambda: replication.weight_grads  # noqa: E731
+    passes.append(AllReduceGradients(context, replication_factor))
     grad_scale = grad_factor / loss_scaling if const_scaling else grad_factor
-    apply_optimizer = ApplyOptimizer(optimizer, grads, context, grad_scale)
-    passes.append(apply_optimizer)
-    if accumulation is not None:
-        passes.append(ResetAccumulators(accumulation))
+    passes.append(ApplyOptimizer(optimizer, context, grad_scale))
+    if options.enableGradientAccumulation:
+        passes.append(ResetAccumulators())
     # Replicated tensor sharding rewrites the reductions and updates built above (spec §10.3).
     local_replicas = options.replicatedGraphCount if options.enableReplicatedGraphs else 1
-    passes.append(ShardVariables(options, replication_factor, local_replicas, replication,
-                                 apply_optimizer, accumulation))
+    passes.append(ShardVariables(options, replication_factor, local_replicas))
     passes.append(WireRandomSeed())
     passes.append(InplaceVariants())
     if options.enableGradientAccumulation:
@@ -184,14 +180,6 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
         depth, depth_name = batches_per_step, "batchesPerStep"
     checks = check_passes(options)
     return passes + multi_ipu_passes(options, placement, loss_id, depth, depth_name) + checks
-
-
-def trained_weights(autodiff: Autodiff) -> dict[str, str]:
-    """Weight id -> gradient id for the WEIGHT variables autodiff reached (running statistics
-    and other state variables are not trained)."""
-    tensors = autodiff.graph.tensors
-    return {w: g for w, g in autodiff.variable_grads.items()
-            if tensors[w].role is TensorRole.WEIGHT}
 
 
 class SeedLossScaling:
@@ -244,20 +232,25 @@ class SeedLossScaling:
 
 
 class ApplyOptimizer:
-    """Pass: ``optimizer.apply`` over the weight gradients; ``tensors`` keeps its result."""
+    """Pass: ``optimizer.apply`` over ``Ir.weight_grads``, in ``context``; what it added goes to
+    ``Ir.optimizer_tensors``.
+
+    Before:  Gradient___w/allreduced = ReplicatedAllReduce(Gradient___w)
+    After:   Gradient___w/allreduced = ReplicatedAllReduce(Gradient___w)
+             UpdatedVar___w = SGDUpdate(w, Gradient___w/allreduced)    # writes w in place
+    """
 
     name = "apply_optimizer"
 
-    def __init__(self, optimizer, gradients, context: ExecutionContext, grad_scale: float):
+    def __init__(self, optimizer, context: ExecutionContext, grad_scale: float):
         self.optimizer = optimizer
-        self._gradients = gradients
         self.context = context
         self.grad_scale = grad_scale
-        self.tensors = None
 
     def run(self, ir) -> bool:
-        gradients = self._gradients()
-        self.tensors = self.optimizer.apply(ir, dict(gradients), self.context, self.grad_scale)
+        gradients = dict(ir.weight_grads)
+        ir.optimizer_tensors = self.optimizer.apply(ir, gradients, self.context,
+                                                    self.grad_scale)
         return bool(gradients)
 
 

@@ -55,23 +55,28 @@ from ..ops import stash as _stash_ops  # noqa: F401 - registers Stash / Restore
 from ..ops.registry import AI_GRAPHCORE, create_op
 from .grad_accumulation import count_per_stage
 from .ipu_copy import add_ipu_copy
-from .virtual_graphs import Placement, fill_placement, set_placement
+from .virtual_graphs import fill_placement, set_placement
 
 _log = logging.getLogger("popart:transform")
 NORMAL = ExecutionContext.Normal
 
 
 class AssignPipelineStages:
-    """Pass: a pipeline stage for every op, and the §5.1 checks (``enablePipelining`` only)."""
+    """Pass: a pipeline stage for every op, and the §5.1 checks (``enablePipelining`` only).
+    Reads ``Ir.forward_op_ids``; writes ``Ir.stage_ipus`` and ``Ir.loss_stage``.
+
+    Before:  h = MatMul(x, w)  # ipu0     After:  h = MatMul(x, w)  # stage 0 ipu0
+             loss = L1(h)      # ipu1             loss = L1(h)      # stage 1 ipu1
+             dh = L1Grad(loss)                    dh = L1Grad(loss) # stage 1 ipu1
+             dw = MatMul(x, dh)                   dw = MatMul(x, dh)  # stage 2 ipu0
+    """
 
     name = "assign_pipeline_stages"
 
-    def __init__(self, options, placement: Placement, loss_id: str | None, depth: int,
-                 depth_name: str):
+    def __init__(self, options, loss_id: str | None, depth: int, depth_name: str):
         """``depth`` is the pipeline's micro-batches per run of it (G): the accumulation factor
         with gradient accumulation, else batches per step; ``depth_name`` names it."""
         self.options = options
-        self.placement = placement
         self.loss_id = loss_id
         self.depth = depth
         self.depth_name = depth_name
@@ -85,23 +90,24 @@ class AssignPipelineStages:
             for op in staged:
                 set_placement(op, pipeline_stage=None)
             return bool(staged)
-        placement = self.placement  # AssignVirtualGraphs checked the IPUs and mode
-        forward = [op for op in order if op.id in placement.forward_ids]
+        # AssignVirtualGraphs checked the IPUs and mode, and recorded the forward ops.
+        forward = [op for op in order if op.id in ir.forward_op_ids]
         self._forward_stages(forward)
         stage_ipu = self._stage_ipus(forward)
         loss_stage = self._loss_stage(graph, forward)
-        self._backward_stages(graph, order, loss_stage, stage_ipu)
+        self._backward_stages(graph, order, ir.forward_op_ids, loss_stage, stage_ipu)
         for op in order:
             if op.settings.pipeline_stage is not None:
                 set_placement(op, ipu=stage_ipu[op.settings.pipeline_stage])
-        placement.stage_ipu = dict(sorted(stage_ipu.items()))
-        count_per_stage(graph)
-        placement.loss_stage = loss_stage
+        ir.stage_ipus = dict(sorted(stage_ipu.items()))
+        if ir.accumulation_counters:
+            ir.accumulation_counters = tuple(count_per_stage(graph))
+        ir.loss_stage = loss_stage
         self._check_order(order)
         self._check_streams(graph)
-        self._check_depth()
-        _log.debug("assign_pipeline_stages: %d stages on IPUs %s", placement.num_stages,
-                   placement.stage_ipu)
+        self._check_depth(len(ir.stage_ipus))
+        _log.debug("assign_pipeline_stages: %d stages on IPUs %s", len(ir.stage_ipus),
+                   ir.stage_ipus)
         return True
 
     def _forward_stages(self, forward: list[Op]) -> None:
@@ -159,9 +165,8 @@ class AssignPipelineStages:
             )
         return loss_stage
 
-    def _backward_stages(self, graph: Graph, order: list[Op], loss_stage: int | None,
-                         stage_ipu: dict[int, int]) -> None:
-        forward_ids = self.placement.forward_ids
+    def _backward_stages(self, graph: Graph, order: list[Op], forward_ids: frozenset[int],
+                         loss_stage: int | None, stage_ipu: dict[int, int]) -> None:
         for op in order:
             if op.id in forward_ids:
                 continue
@@ -212,8 +217,7 @@ class AssignPipelineStages:
                     f"virtual graph (or pass it through an op there)."
                 )
 
-    def _check_depth(self) -> None:
-        stages = self.placement.num_stages
+    def _check_depth(self, stages: int) -> None:
         if self.depth < stages:
             raise popart_exception(
                 f"For pipelining, depth ({self.depth_name}) must equal at least the number of "
@@ -232,23 +236,21 @@ class _Location:
 
 
 class InsertPipelineStashes:
-    """Pass: stash/restore and inter-IPU copies so every read happens on its producer's stage."""
+    """Pass: stash/restore and inter-IPU copies so every read happens on its producer's stage
+    (the stages of ``Ir.stage_ipus``; module docstring)."""
 
     name = "insert_pipeline_stashes"
 
-    def __init__(self, placement: Placement):
-        self.placement = placement
-
     def run(self, ir) -> bool:
-        if not self.placement.num_stages:
+        if not ir.stage_ipus:
             return False
         graph = ir.main
         uses = self._uses(graph)
         # Twice: the dry run only learns each stash's ring size; the second adds the ops.
-        plan = _Mover(graph, self.placement, None)
+        plan = _Mover(graph, ir.stage_ipus, None)
         for tensor, op, index in uses:
             plan.value_at(tensor, op.settings.pipeline_stage)
-        mover = _Mover(graph, self.placement, plan.locations)
+        mover = _Mover(graph, ir.stage_ipus, plan.locations)
         for tensor, op, index in uses:
             tensor_id = mover.value_at(tensor, op.settings.pipeline_stage)
             if tensor_id != tensor.id:
@@ -290,9 +292,9 @@ class _Mover:
     size the ring buffers.
     """
 
-    def __init__(self, graph: Graph, placement: Placement, sizes):
+    def __init__(self, graph: Graph, stage_ipus: dict[int, int], sizes):
         self.graph = graph
-        self.stage_ipu = placement.stage_ipu
+        self.stage_ipu = stage_ipus
         self.dry = sizes is None
         self.sizes = sizes
         # (value id, ipu) -> where the value first is on that IPU.

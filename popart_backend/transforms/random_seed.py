@@ -1,8 +1,8 @@
 """Wire the session's random seed into ops that need one (docs/training.md, spec §4.2).
 
-Ops whose class sets ``requires_random_seed = True`` (Dropout in a TrainingSession, custom ops)
-get the variable ``randomSeed___`` (INT64 [2]: the user seed of ``setRandomSeed``, the micro-batch
-counter) appended as their last input. The simulated device writes both values before every
+Ops whose class sets the ClassVar ``Op.requires_random_seed`` (Dropout in a TrainingSession,
+random ops, custom ops) get the variable ``randomSeed___`` (INT64 [2]: the user seed of
+``setRandomSeed``, the micro-batch counter) appended as their last input. The simulated device writes both values before every
 micro-batch, so a kernel that derives its generator from them (plus a per-op offset) draws new
 values each micro-batch and the same values for the same seed.
 
@@ -19,11 +19,6 @@ from ..ir.tensor import TensorInfo, TensorKind, TensorRole
 RANDOM_SEED_ID = "randomSeed___"
 
 
-def requires_random_seed(op) -> bool:
-    # Per instance: an op may decide in infer() (Dropout with a training_mode input).
-    return bool(getattr(op, "requires_random_seed", False))
-
-
 class WireRandomSeed:
     """Pass: append ``randomSeed___`` to the inputs of every op that requires a seed."""
 
@@ -31,7 +26,7 @@ class WireRandomSeed:
 
     def run(self, ir: Ir) -> bool:
         graph = ir.main
-        ops = [op for op in graph.topo_order() if requires_random_seed(op)]
+        ops = [op for op in graph.topo_order() if op.requires_random_seed]
         if not ops:
             return False
         if RANDOM_SEED_ID not in graph.tensors:

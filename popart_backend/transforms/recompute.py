@@ -9,7 +9,8 @@ Which forward ops recompute (``autoRecomputation``), besides the builder's manua
 - ``NoRecompute``: only the manual ones;
 - ``Standard``: all but about sqrt(n) evenly spaced checkpoints per pipeline stage (or of the
   whole forward graph), which bounds the live activations by O(sqrt(n));
-- ``NormOnly``: normalisations and the non-linearity that directly follows them;
+- ``NormOnly``: normalisations and the non-linearity that directly follows them (the op
+  classes say which they are: ``Op.is_normalization``, ``Op.is_nonlinearity``);
 - ``Pipeline``: every forward op of the stages before the loss's: only stage inputs are stashed;
 - ``RecomputeAll``: every forward op.
 
@@ -30,42 +31,30 @@ import math
 from ..ir.graph import Graph
 from ..ir.op import ExecutionContext, Op, RecomputeType
 from ..options.enums import RecomputationType
-from .virtual_graphs import Placement
 
 _log = logging.getLogger("popart:transform")
-
-NORM_TYPES = frozenset({
-    "BatchNormalization", "BatchNormalizationTraining", "LayerNormalization", "LayerNorm",
-    "GroupNormalization", "GroupNorm", "InstanceNormalization", "LpNormalization",
-})
-NON_LINEARITIES = frozenset({
-    "Relu", "Gelu", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "Softplus", "HardSigmoid",
-    "Swish", "Mish",
-})
-
 
 class Recompute:
     """Pass: clone the recomputed forward ops into the backward pass, per backward stage."""
 
     name = "recompute"
 
-    def __init__(self, recomputation: RecomputationType, placement: Placement):
+    def __init__(self, recomputation: RecomputationType):
         self.recomputation = recomputation
-        self.placement = placement
         self.recomputed: dict[int, Op] = {}
         self.clones: list[Op] = []
 
     def run(self, ir) -> bool:
         graph = ir.main
         order = graph.topo_order()
-        forward = [op for op in order if op.id in self.placement.forward_ids and _eligible(op)]
-        chosen = self._choose(forward)
+        forward = [op for op in order if op.id in ir.forward_op_ids and _eligible(op)]
+        chosen = self._choose(forward, ir.loss_stage)
         self.recomputed = {op.id: op for op in chosen}
         if not chosen:
             return False
         memo: dict[tuple[int, int | None], Op] = {}
         for op in order:
-            if op.id in self.placement.forward_ids or (
+            if op.id in ir.forward_op_ids or (
                 op.settings.execution_context is not ExecutionContext.Normal
             ):
                 continue
@@ -78,7 +67,7 @@ class Recompute:
                    len(self.clones))
         return bool(self.clones)
 
-    def _choose(self, forward: list[Op]) -> list[Op]:
+    def _choose(self, forward: list[Op], loss_stage: int | None) -> list[Op]:
         kind = self.recomputation
         manual = [op for op in forward if op.settings.recompute is RecomputeType.Recompute]
         if kind is RecomputationType.NoRecompute:
@@ -86,7 +75,6 @@ class Recompute:
         if kind is RecomputationType.RecomputeAll:
             return forward
         if kind is RecomputationType.Pipeline:
-            loss_stage = self.placement.loss_stage
             if loss_stage is None:
                 return manual  # no pipeline: nothing to recompute per stage
             return [op for op in forward if op.settings.pipeline_stage < loss_stage] + [
@@ -94,11 +82,11 @@ class Recompute:
         if kind is RecomputationType.NormOnly:
             chosen = {op.id: op for op in manual}
             for op in forward:
-                if op.op_type in NORM_TYPES:
+                if op.is_normalization:
                     chosen[op.id] = op
                     for t in op.outputs[:1]:
                         for consumer in (t.consumers if t is not None else ()):
-                            if consumer.op_type in NON_LINEARITIES and _eligible(consumer):
+                            if consumer.is_nonlinearity and _eligible(consumer):
                                 chosen[consumer.id] = consumer
             return [op for op in forward if op.id in chosen]
         # Standard: evenly spaced checkpoints per stage.
@@ -147,6 +135,6 @@ def _eligible(op: Op) -> bool:
     """Recomputing ``op`` gives the same values and changes no state."""
     return (op.settings.recompute is not RecomputeType.Checkpoint
             and not op.modifies_inputs
-            and not getattr(op, "requires_random_seed", False)
+            and not op.requires_random_seed
             and op.foldable
             and op.settings.execution_context is ExecutionContext.Normal)

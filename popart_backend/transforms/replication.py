@@ -38,26 +38,22 @@ ALLREDUCED_SUFFIX = "/allreduced"
 
 
 class AllReduceGradients:
-    """Pass: a ``ReplicatedAllReduce`` on every weight gradient the optimizer reads.
+    """Pass: a ``ReplicatedAllReduce`` on every weight gradient the optimizer reads
+    (``Ir.weight_grads``), which then names the all-reduced tensors.
 
-    ``gradients`` is a callable giving ``{weight id: gradient id}`` once the passes before it
-    ran; ``context`` is where the optimizer runs (Normal, or the accumulate outer fragment).
-    After ``run``, ``weight_grads`` maps each weight to the tensor the optimizer must read.
-    With one replica in total the pass adds nothing and passes the gradients through.
+    ``context`` is where the optimizer runs (Normal, or the accumulate outer fragment). With
+    one replica in total the pass adds nothing and leaves ``Ir.weight_grads`` as it is.
     """
 
     name = "all_reduce_gradients"
 
-    def __init__(self, gradients, context: ExecutionContext, global_replicas: int):
-        self._gradients = gradients
+    def __init__(self, context: ExecutionContext, global_replicas: int):
         self.context = context
         self.global_replicas = global_replicas
-        self.weight_grads: dict[str, str] = {}
 
     def run(self, ir: Ir) -> bool:
-        gradients = dict(self._gradients())
+        gradients = dict(ir.weight_grads)
         if self.global_replicas <= 1:
-            self.weight_grads = gradients
             return False
         graph = ir.main
         for weight_id, grad_id in gradients.items():
@@ -66,7 +62,7 @@ class AllReduceGradients:
                            OpSettings(name=out, execution_context=self.context),
                            domain=AI_GRAPHCORE, where=out)
             graph.add_op(op, [grad_id], [out])
-            self.weight_grads[weight_id] = out
+            ir.weight_grads[weight_id] = out
         _log.debug("all_reduce_gradients: %d gradients over %d replicas (%s)", len(gradients),
                    self.global_replicas, self.context.name)
         return bool(gradients)

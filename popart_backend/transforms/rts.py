@@ -114,23 +114,18 @@ class Sharding:
 class ShardVariables:
     """Pass: shard the variables whose location asks for RTS (module docstring).
 
-    Runs after the optimizer and the accumulator reset. ``replication`` is the
-    ``AllReduceGradients`` pass (its ``weight_grads`` name the tensors the updates read),
-    ``optimizer`` the ``ApplyOptimizer`` pass (``tensors``: state and updated ids),
-    ``accumulation`` the ``AccumulateGradients`` pass or None. Inference sessions pass None
-    for all three: only the storage of weights is sharded.
+    Runs after the optimizer and the accumulator reset, and reads what they left on the Ir:
+    ``weight_grads`` (the tensors the updates read; rewritten to the shards they read now),
+    ``optimizer_tensors`` (state and updated ids) and ``accumulators``. In an inference
+    session these are empty: only the storage of weights is sharded.
     """
 
     name = "shard_variables"
 
-    def __init__(self, options, global_replicas: int, local_replicas: int,
-                 replication=None, optimizer=None, accumulation=None):
+    def __init__(self, options, global_replicas: int, local_replicas: int):
         self.options = options
         self.global_replicas = global_replicas
         self.local_replicas = local_replicas
-        self._replication = replication
-        self._optimizer = optimizer
-        self._accumulation = accumulation
 
     # --- deciding -------------------------------------------------------------------------
 
@@ -145,9 +140,9 @@ class ShardVariables:
         if not wanted:
             return False
         plan: dict[str, Sharding] = {}
-        tensors = self._optimizer.tensors if self._optimizer is not None else None
-        trained = dict(self._replication.weight_grads) if self._replication is not None else {}
-        accumulators = self._accumulation.accumulators if self._accumulation is not None else {}
+        tensors = ir.optimizer_tensors
+        trained = dict(ir.weight_grads)
+        accumulators = {w: a.tensor_id for w, a in ir.accumulators.items()}
         sharded_updates: list[str] = []
         for weight_id in trained:
             state = [t for t in tensors.state.get(weight_id, ())
@@ -232,7 +227,7 @@ class ShardVariables:
                  trained: dict[str, str], accumulators: dict[str, str]) -> set[str]:
         """Shard the variables of ``plan``; returns the ids whose info changed."""
         graph = ir.main
-        updates = self._optimizer.tensors.updated if self._optimizer is not None else {}
+        updates = ir.optimizer_tensors.updated if ir.optimizer_tensors is not None else {}
         update_ops = {w: graph.tensors[updates[w]].producer for w in sharded_updates}
         touched: set[str] = set()
         # Readers of each sharded variable, taken before any op is added.
@@ -266,6 +261,7 @@ class ShardVariables:
             reduced, changed = self._rewrite_reduction(graph, weight_id, grad_id, accum,
                                                        accum_sharding, update_sharding)
             touched |= changed
+            ir.weight_grads[weight_id] = reduced
             if update_sharding is not None:
                 shard_grads[reduced] = update_sharding
         changed = _propagate(graph, touched) | set(plan)

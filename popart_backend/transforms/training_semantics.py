@@ -1,5 +1,6 @@
 """Pass (training only): switch ops whose semantics follow the session to training behaviour
-(DESIGN decision 5, docs/training.md "Randomness").
+(DESIGN decision 5, docs/training.md "Randomness"). Each op class says what it becomes
+(``Op.training_form``, ops/norm.py and ops/random.py):
 
 - BatchNormalization becomes ``ai.graphcore::BatchNormalizationTraining``: batch statistics,
   running mean/var VARIABLE inputs updated in place (role RUNNING_STAT, so the optimizer, which
@@ -25,24 +26,22 @@ After:   y, _, _, y/mean, y/invstd = BatchNormalizationTraining(x, s, b, m, v)  
 from __future__ import annotations
 
 import logging
-import zlib
 
 import numpy as np
 
 from ..dtypes import DataType
-from ..errors import popart_exception
 from ..ir.graph import Graph
 from ..ir.ir import Ir
 from ..ir.op import Op
 from ..ir.tensor import Tensor, TensorInfo, TensorKind, TensorRole
-from ..ops.registry import AI_GRAPHCORE, AI_ONNX, create_op
 
 RANDOM_SEED_ID = "randomSeed___"
 _log = logging.getLogger("popart:transform")
 
 
 class TrainingSemantics:
-    """Pass: BatchNormalization and Dropout behave as in training; see the module docstring."""
+    """Pass: each op with a training form (``Op.training_form``) is replaced by it; see the
+    module docstring."""
 
     name = "training_semantics"
 
@@ -50,96 +49,12 @@ class TrainingSemantics:
         graph = ir.main
         changed = False
         for op in list(graph.ops.values()):
-            if op.domain == AI_GRAPHCORE and op.op_type == "ShapedDropout":
-                self._shaped_dropout(graph, op)
-                changed = True
+            form = op.training_form(lambda: _seed_tensor(graph).id)
+            if form is None:
                 continue
-            if op.domain != AI_ONNX:
-                continue
-            if op.op_type == "BatchNormalization":
-                self._batch_norm(graph, op)
-            elif op.op_type == "Dropout":
-                self._dropout(graph, op)
-            elif op.op_type == "LayerNormalization" and _missing_stats(op):
-                self._layer_norm(graph, op)
-            else:
-                continue
+            _replace(graph, op, form.op, form.inputs, form.outputs)
             changed = True
         return changed
-
-    def _batch_norm(self, graph: Graph, op: Op) -> None:
-        for index, what in ((3, "mean"), (4, "var")):
-            stat = op.inputs[index]
-            if stat.kind is TensorKind.CONST:
-                # Training updates it, so it is state from now on (never shared with the host's
-                # constant data: the plan copies variables).
-                stat.kind = TensorKind.VARIABLE
-            if stat.kind is not TensorKind.VARIABLE:
-                raise popart_exception(
-                    f"{op.debug_name}: the running {what} '{stat.id}' is computed "
-                    f"({stat.kind.value}), but training updates it in place. Make it an "
-                    f"initializer."
-                )
-            stat.role = TensorRole.RUNNING_STAT
-        attrs = op.attrs
-        new = create_op(
-            "BatchNormalizationTraining",
-            {"epsilon": attrs.epsilon, "momentum": attrs.momentum,
-             "spatial": getattr(attrs, "spatial", 1)},
-            op.settings, domain=AI_GRAPHCORE, where=op.debug_name,
-        )
-        base = op.outputs[0].id
-        outputs = _padded(op.outputs, 3) + [graph.unique_id(f"{base}/batch_mean"),
-                                            graph.unique_id(f"{base}/batch_invstd")]
-        _replace(graph, op, new, [t.id for t in op.inputs], outputs)
-
-    def _dropout(self, graph: Graph, op: Op) -> None:
-        if op.version >= 12:
-            ratio = op.const_input(1)
-            ratio = 0.5 if ratio is None else float(np.asarray(ratio))
-        else:
-            ratio = op.attrs.ratio
-        seed = _seed_tensor(graph)
-        out = op.outputs[0]
-        new = create_op(
-            "DropoutTraining",
-            {"ratio": ratio, "seed_modifier": zlib.crc32(out.id.encode()),
-             "bool_mask": int(op.version >= 10)},
-            op.settings, domain=AI_GRAPHCORE, where=op.debug_name,
-        )
-        outputs = _padded(op.outputs, 2)
-        if outputs[1] is None:
-            outputs[1] = graph.unique_id(f"{out.id}/mask")
-        _replace(graph, op, new, [op.inputs[0].id, seed.id], outputs)
-
-    def _shaped_dropout(self, graph: Graph, op: Op) -> None:
-        seed = _seed_tensor(graph)
-        out = op.outputs[0]
-        new = create_op(
-            "ShapedDropoutTraining",
-            {"shape": op.attrs.shape, "ratio": op.attrs.ratio,
-             "seed_modifier": zlib.crc32(out.id.encode())},
-            op.settings, domain=AI_GRAPHCORE, where=op.debug_name,
-        )
-        _replace(graph, op, new, [op.inputs[0].id, seed.id],
-                 [out, graph.unique_id(f"{out.id}/mask")])
-
-    def _layer_norm(self, graph: Graph, op: Op) -> None:
-        outputs = _padded(op.outputs, 3)
-        base = outputs[0].id
-        for i, name in ((1, "mean"), (2, "invstddev")):
-            if outputs[i] is None:
-                outputs[i] = graph.unique_id(f"{base}/{name}")
-        new = type(op)(op.attrs, op.settings, op.version)
-        _replace(graph, op, new, [t.id if t is not None else "" for t in op.inputs], outputs)
-
-
-def _missing_stats(op: Op) -> bool:
-    return len(op.outputs) < 3 or any(t is None for t in op.outputs[1:3])
-
-
-def _padded(outputs: list[Tensor | None], n: int) -> list[Tensor | None]:
-    return list(outputs) + [None] * (n - len(outputs))
 
 
 def _seed_tensor(graph: Graph) -> Tensor:

@@ -10,7 +10,8 @@ inherits its forward op's IPU) and applies ``SessionOptions.virtualGraphMode``:
   contiguous parts of balanced estimated cost (``Op.cost()``: FLOPs + bytes moved).
 - ``ExecutionPhases``: not built (issue #6 models execution phases).
 
-It also records which ops form the forward graph, for the pipelining and recomputation passes.
+It also records which ops form the forward graph (``Ir.forward_op_ids``), for the pipelining
+and recomputation passes.
 ``PlaceRemainingOps`` runs after the training passes: ops they added without a placement
 (weight-gradient sums, optimizer updates, accumulators) go to the IPU of the tensors they read.
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import NotImplementedOptionError, popart_exception
@@ -33,25 +34,18 @@ from ..options.enums import VirtualGraphMode
 _log = logging.getLogger("popart:transform")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Placement:
-    """What the multi-IPU passes of one session share (filled as they run)."""
+    """How the session places ops on IPUs (its options and device); what the placement passes
+    find out (forward ops, stages) they write to the Ir."""
 
     mode: VirtualGraphMode
     ipus_per_replica: int
     pipelining: bool = False
-    forward_ids: frozenset[int] = frozenset()
-    # Pipelining: stage -> IPU for every stage (forward and backward), and the loss stage.
-    stage_ipu: dict[int, int] = field(default_factory=dict)
-    loss_stage: int | None = None
 
     @property
     def sharded(self) -> bool:
         return self.mode is not VirtualGraphMode.Off
-
-    @property
-    def num_stages(self) -> int:
-        return len(self.stage_ipu)
 
 
 def set_placement(op: Op, **changes) -> None:
@@ -70,7 +64,7 @@ class AssignVirtualGraphs:
     def run(self, ir) -> bool:
         graph = ir.main
         order = graph.topo_order()
-        self.placement.forward_ids = frozenset(op.id for op in order)
+        ir.forward_op_ids = frozenset(op.id for op in order)
         mode = self.placement.mode
         if self.placement.pipelining and (mode is VirtualGraphMode.Off
                                           or self.placement.ipus_per_replica < 2):
@@ -203,7 +197,11 @@ def fill_placement(graph: Graph, order: list[Op], get: Callable[[Op], int | None
 
 
 class PlaceRemainingOps:
-    """Pass: give every op the training passes added without an IPU the IPU of its neighbours."""
+    """Pass: give every op the training passes added without an IPU the IPU of its neighbours.
+
+    Before:  UpdatedVar___w1 = SGDUpdate(w1, Gradient___w1)        # no IPU
+    After:   UpdatedVar___w1 = SGDUpdate(w1, Gradient___w1)        # ipu1, like Gradient___w1
+    """
 
     name = "place_remaining_ops"
 

@@ -5,7 +5,8 @@ signature (spec §2.1-§2.3, P5, P6, P15, P24, P44, P57).
 signature, the executable cache keyed by input signature (a new signature compiles again, with a
 warning), tracing with the train/eval flags the model had when wrapped, stage / IPU placement,
 device acquisition and the ``InferenceSession`` / ``TrainingSession`` built from the traced ONNX
-model. ``_Executable`` is one compiled signature. Also here: the compile hooks, ``find_loss``
+model. ``_Executable`` is one compiled signature. Also here: the compile hooks
+(``registerPreCompileHook`` / ``registerPostCompileHook``), ``find_loss``
 (the traced loss) and ``backend_error`` (a backend exception with the user's source line).
 """
 
@@ -27,6 +28,8 @@ from ..errors import Error
 from ..options.enums import OutputMode
 from .distributed import _init_distributed
 
+__all__ = ["registerPostCompileHook", "registerPreCompileHook"]
+
 _log = logging.getLogger("poptorch_lite")
 
 _ART = {OutputMode.All: "All", OutputMode.Final: "Final", OutputMode.EveryN: "EveryN",
@@ -34,6 +37,17 @@ _ART = {OutputMode.All: "All", OutputMode.Final: "Final", OutputMode.EveryN: "Ev
 
 _pre_compile_hooks: list = []
 _post_compile_hooks: list = []
+
+
+def registerPreCompileHook(hook) -> None:  # noqa: N802 - PopTorch's name
+    """Call ``hook()`` (no arguments) before every compilation."""
+    _pre_compile_hooks.append(hook)
+
+
+def registerPostCompileHook(hook) -> None:  # noqa: N802 - PopTorch's name
+    """Call ``hook()`` (no arguments) after every compilation."""
+    _post_compile_hooks.append(hook)
+
 
 # The simulated machine's size (lite; spec §2.3): more IPUs than this cannot be acquired.
 MAX_IPUS = 64
@@ -111,7 +125,7 @@ class CompileMixin:
         divisor = tracing.check_combined_batch(signature, self._options)
         kind = "training" if self._training else "inference"
         with tqdm.tqdm(total=3, desc=f"Compiling {kind} model", unit="phase", leave=False,
-                       disable=not self._options._values["showCompilationProgressBar"]) as bar:
+                       disable=not self._options.show_compilation_progress_bar) as bar:
             bar.set_postfix_str("trace + ONNX export")
             traced = self._trace(leaves, signature, divisor)
             bar.update()
@@ -143,18 +157,17 @@ class CompileMixin:
                 module.training = self._flags.get(name, module.training)
             return tracing.trace(
                 self._user_model, leaves, signature, divisor,
-                exporter=self._options._values["Jit.exporter"],
-                excludes=tuple(self._options._values["sourceLocationExcludes"]))
+                exporter=self._options.Jit.exporter_name,
+                excludes=self._options.source_location_excludes)
         finally:
             for name, module in modules.items():
                 module.training = saved[name]
 
     def _place(self, traced: tracing.TracedModel) -> blocks.Placement:
         """Stages and IPUs from the traced blocks and the execution strategy (spec §2.3)."""
-        values = self._options._values
-        placement = blocks.place_model(traced.proto, values["executionStrategy"])
+        placement = blocks.place_model(traced.proto, self._options.execution_strategy)
         blocks.check_pipeline_depth(placement, self._training,
-                                    values["Training.gradientAccumulation"],
+                                    self._options.Training.gradient_accumulation,
                                     self._options.device_iterations)
         return placement
 
@@ -168,7 +181,7 @@ class CompileMixin:
                         f"machine's {MAX_IPUS} IPUs. Lower replicationFactor or place the model "
                         f"on fewer IPUs.")
         if needed & (needed - 1):
-            if not self._options._values["autoRoundNumIPUs"]:
+            if not self._options.auto_round_num_ipus:
                 raise Error(f"The model needs {needed} IPUs ({placement.ipus_per_replica} per "
                             f"replica × replicationFactor({replicas})), which is not a power of "
                             f"two. Use Options.autoRoundNumIPUs(True) to round up (extra IPUs "
@@ -183,20 +196,20 @@ class CompileMixin:
     def _acquire_device(self, num_ipus: int):
         if self._device is not None:
             return self._device
-        values = self._options._values
+        options = self._options
         manager = popart.DeviceManager()
-        connection = popart.DeviceConnectionType[values["connectionType"].name]
+        connection = popart.DeviceConnectionType[options.connection_type.name]
         if connection is popart.DeviceConnectionType.Never:
-            version = values["offlineIpuVersion"] or 2
+            version = options.offline_ipu_version or 2
             device = manager.createOfflineIPUDevice(
                 {"numIPUs": num_ipus, "ipuVersion": f"ipu{version}"})
-        elif values["useIpuModel"]:
+        elif options.use_ipu_model:
             device = manager.createIpuModelDevice({"numIPUs": num_ipus})
-        elif values["ipuId"] is not None:
-            device = manager.acquireDeviceById(values["ipuId"], connectionType=connection)
+        elif options.ipu_id is not None:
+            device = manager.acquireDeviceById(options.ipu_id, connectionType=connection)
         else:
             device = manager.acquireAvailableDevice(
-                num_ipus, pattern=popart.SyncPattern[values["syncPattern"].name],
+                num_ipus, pattern=popart.SyncPattern[options.sync_pattern.name],
                 connectionType=connection)
         if device is None:
             raise Error(f"failed to acquire {num_ipus} IPU(s): every simulated IPU of that size "
@@ -205,7 +218,6 @@ class CompileMixin:
         return device
 
     def _build_session(self, traced: tracing.TracedModel, placement: blocks.Placement):
-        values = self._options._values
         mode = self._options.resolved_output_mode(self._training)
         period = self._options.output_return_period
         n = self._options.device_iterations
@@ -220,10 +232,11 @@ class CompileMixin:
         if placement.multi_ipu:
             session_options.virtualGraphMode = popart.VirtualGraphMode.Manual
             session_options.enablePipelining = placement.pipelined
-        if values["profilingDir"] is not None:
+        profiling_dir = self._options.profiling_dir
+        if profiling_dir is not None:
             session_options.engineOptions = {**session_options.engineOptions,
                                              "autoReport.all": "true",
-                                             "autoReport.directory": values["profilingDir"]}
+                                             "autoReport.directory": profiling_dir}
         device = self._acquire_device(self._num_ipus(placement))
         _init_distributed(self._options)
         translation = None
@@ -234,9 +247,9 @@ class CompileMixin:
             else:
                 session = popart.InferenceSession(traced.proto, data_flow, device,
                                                   userOptions=session_options,
-                                                  name=values["modelName"] or "inference")
-            if values["randomSeed"] is not None:
-                session.setRandomSeed(values["randomSeed"])
+                                                  name=self._options.model_name or "inference")
+            if self._options.random_seed is not None:
+                session.setRandomSeed(self._options.random_seed)
             session.prepareDevice()
             if not self._offline():
                 session.weightsFromHost()
@@ -253,7 +266,7 @@ class CompileMixin:
             self._optimizer, self._user_model, traced.param_map, self._running_stat_names())
         session = popart.TrainingSession(traced.proto, data_flow, loss_id, translation.backend,
                                          device, userOptions=session_options,
-                                         name=self._options._values["modelName"] or "training")
+                                         name=self._options.model_name or "training")
         return session, translation
 
     def _batch_norms(self) -> list[tuple[str, torch.nn.modules.batchnorm._BatchNorm]]:

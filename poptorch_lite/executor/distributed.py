@@ -19,7 +19,7 @@ def _init_distributed(options: Options) -> None:
     torchrun sets them). When the process id came from elsewhere (configureProcessId, Open
     MPI's variables) RANK / WORLD_SIZE may be missing: then the process group is created here
     with this process's id and count, and the backend uses it."""
-    process_id, processes = options.Distributed._resolved()
+    process_id, processes = options.Distributed.process_id_and_count
     if processes <= 1:
         return
     import datetime

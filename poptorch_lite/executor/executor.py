@@ -1,5 +1,6 @@
 """``PoplarExecutor``: the wrapper that compiles a module for the simulated IPU and runs it
-(spec §2.1-§2.4, P1-P20, P24, P25).
+(spec §2.1-§2.4, P1-P20, P24, P25), and the functions that make one (``ipu_model``,
+``inferenceModel``, ``trainingModel``).
 
 This module holds the wrapper itself: its construction (options frozen and privately copied,
 the train/eval flags to trace, the training link to the user model), the pass-through to the
@@ -23,9 +24,11 @@ The rest of its behaviour comes from mixins, one module each:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
-from .. import blocks
+from .. import blocks, optim
 from ..blocks import block_annotations
 from ..errors import Error
 from ..options.enums import ConnectionType, OutputMode
@@ -38,7 +41,7 @@ from .compilation import (
 from .running import RunMixin
 from .state_sync import StateSyncMixin
 
-__all__ = ["PoplarExecutor"]
+__all__ = ["PoplarExecutor", "inferenceModel", "ipu_model", "trainingModel"]
 
 
 class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin):
@@ -53,7 +56,7 @@ class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin):
         options = Options() if options is None else options
         if not isinstance(options, Options):
             raise Error(f"options must be a poptorch_lite.Options, not {type(options).__name__}.")
-        accumulation = options._values["Training.gradientAccumulation"]
+        accumulation = options.Training.gradient_accumulation
         if not training and accumulation != 1:
             raise Error(
                 f"Options.Training.gradientAccumulation({accumulation}) is only for training "
@@ -182,7 +185,7 @@ class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin):
         return self._active
 
     def _offline(self) -> bool:
-        return self._options._values["connectionType"] is ConnectionType.Never
+        return self._options.connection_type is ConnectionType.Never
 
     # --- device ------------------------------------------------------------------------------
 
@@ -245,9 +248,8 @@ class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin):
         """Stages per IPU and the pipeline's fill / main / flush cycles; with
         ``Options.enableProfiling`` also the backend's ``getSummaryReport()``."""
         executable = self._require_compiled("getPipelineSummary()")
-        values = self._options._values
         text = blocks.schedule_summary(executable.placement, self._training,
-                                       values["Training.gradientAccumulation"],
+                                       self._options.Training.gradient_accumulation,
                                        self._options.device_iterations,
                                        self._options.replication_factor)
         processes = self._options.Distributed.numProcesses
@@ -255,7 +257,7 @@ class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin):
             text += (f"\n  processes: {processes} (this one: "
                      f"{self._options.Distributed.processId}), global replicas: "
                      f"{processes * self._options.replication_factor}")
-        if values["profilingDir"] is not None:
+        if self._options.profiling_dir is not None:
             text += "\n" + executable.session.getSummaryReport(resetProfile=False)
         return text
 
@@ -264,3 +266,29 @@ class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin):
 # not forwarded to the user model.
 _MIXIN_MEMBERS = frozenset().union(*(vars(mixin) for mixin in (CompileMixin, RunMixin,
                                                                  StateSyncMixin)))
+
+
+def inferenceModel(model: torch.nn.Module,  # noqa: N802 - PopTorch's name
+                   options: Options | None = None) -> PoplarExecutor:
+    """Wrap ``model`` for inference on the simulated IPU (P2); compiled on the first call."""
+    return PoplarExecutor(model, options, training=False)
+
+
+def trainingModel(model: torch.nn.Module, options: Options | None = None,  # noqa: N802
+                  optimizer=None) -> PoplarExecutor:
+    """Wrap ``model`` for training (P3); no optimizer means ``optim.SGD(lr=0.01)``."""
+    if optimizer is None:
+        optimizer = optim.SGD(model.parameters(), lr=0.01)
+    return PoplarExecutor(model, options, training=True, optimizer=optimizer)
+
+
+def ipu_model(model: torch.nn.Module, options: Options | None = None,
+              optimizer=None) -> PoplarExecutor:
+    """Training wrapper iff ``optimizer`` is given, else inference wrapper (P1)."""
+    if optimizer is not None:
+        return trainingModel(model, options, optimizer)
+    if model.training:
+        warnings.warn("ipu_model(): no optimizer given, so an inference wrapper was built for a "
+                      "model in training mode; pass an optimizer (or use trainingModel(), which "
+                      "defaults to SGD) to train.", UserWarning, stacklevel=2)
+    return inferenceModel(model, options)

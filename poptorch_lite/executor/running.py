@@ -106,19 +106,18 @@ class RunMixin:
             d = self.__dict__
             d["_optimizer_state_dirty"] = True
             d["_steps_done"] += n
-            d["_micro_batches_pending"] += n * self._options._values[
-                "Training.gradientAccumulation"]
+            d["_micro_batches_pending"] += n * self._options.Training.gradient_accumulation
             # The device ran the optimizer's steps: tell torch's LR schedulers, which check
             # this flag to warn about scheduler.step() before optimizer.step().
             self._optimizer._opt_called = True
         return self._outputs(executable, anchors)
 
     def _input_group_size(self) -> int:
-        return self._options._values["inputReplicaGrouping"][0]
+        return self._options.input_replica_grouping[0]
 
     def _expand_input_groups(self, array: np.ndarray, divisor: int) -> np.ndarray:
         """[N·G·Rin·B, ...] -> [N·G·R·B, ...]: each replica gets its input group's rows (§2.4)."""
-        size, kind = self._options._values["inputReplicaGrouping"]
+        size, kind = self._options.input_replica_grouping
         if size == 1:
             return array
         rin = self._options.input_replicas

@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import ast
 import enum
-from typing import TYPE_CHECKING
 
 import torch
 
 from .enums import _ENUMS
-
-if TYPE_CHECKING:
-    from .options import Options
 
 
 def _to_plain(value):
@@ -40,8 +36,11 @@ def _from_plain(value):
     return value
 
 
-def _apply_call(options: Options, line: str) -> None:
-    """Run one ``Group.setter(args)`` line against ``options`` with literal-only arguments."""
+def _apply_call(options: object, line: str) -> None:
+    """Run one ``Group.setter(args)`` line against ``options`` with literal-only arguments.
+
+    ``options`` is an ``Options``; only its attributes are used (``getattr`` along the dotted
+    path), so this module needs no import of ``options.py``, which imports it."""
     tree = ast.parse(line, mode="eval").body
     if not isinstance(tree, ast.Call):
         raise SyntaxError("expected a setter call such as deviceIterations(4)")

@@ -4,23 +4,24 @@ setter shares.
 
 A group keeps no state of its own: its setters write ``root._values`` under the group's
 prefix (``"Training.gradientAccumulation"``), so freezing, cloning and ``toDict`` of the root
-cover the groups too.
+cover the groups too. The root is any ``_OptionStore`` (``Options`` is the only one), so this
+module does not import ``options.py``, which imports it.
+
+Read side (snake_case, for the rest of the frontend): ``Training.gradient_accumulation``,
+``Training.reduction_type``, ``Distributed.process_id_and_count`` and ``Jit.exporter_name``.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from .enums import MeanReductionStrategy, ReductionType
 
 __all__ = ["TensorLocationSettings"]
-
-if TYPE_CHECKING:
-    from .options import Options
 
 # Process id / count variables read when Distributed is not configured explicitly: the ones
 # setEnvVarNames names, else Open MPI's (PopTorch's default), else torchrun's (lite).
@@ -48,12 +49,20 @@ def _positive(option: str, value) -> int:
     return value
 
 
+class _OptionStore(Protocol):
+    """What a group needs of its root ``Options``: the value dict and the frozen check."""
+
+    _values: dict
+
+    def _check_not_frozen(self, key: str) -> None: ...
+
+
 class _Group:
     """A set of options stored in ``root._values`` under ``prefix``; frozen with the root."""
 
     _prefix = ""
 
-    def __init__(self, root: "Options"):
+    def __init__(self, root: _OptionStore):
         object.__setattr__(self, "_root", root)
 
     def _set(self, key: str, value):
@@ -88,6 +97,11 @@ class _Training(_Group):
                 "Options.Training.accumulationAndReplicationReductionType: expected "
                 f"ReductionType.Mean or ReductionType.Sum, got {reduction_type!r}.")
         return self._set("accumulationAndReplicationReductionType", reduction_type)
+
+    @property
+    def reduction_type(self) -> ReductionType:
+        """How micro-batch (and replica) gradients combine: ``Mean`` or ``Sum``."""
+        return self._get("accumulationAndReplicationReductionType")
 
     def setMeanAccumulationAndReplicationReductionStrategy(self, strategy):  # noqa: N802
         if not isinstance(strategy, MeanReductionStrategy):
@@ -241,7 +255,10 @@ class _Distributed(_Group):
             return rank_i, size_i
         return None
 
-    def _resolved(self) -> tuple[int, int]:
+    @property
+    def process_id_and_count(self) -> tuple[int, int]:
+        """(this process's id, number of processes): as configured, else from the environment,
+        else (0, 1)."""
         pid, count = self._get("processId"), self._get("numProcesses")
         if pid is not None:
             return pid, count
@@ -249,11 +266,11 @@ class _Distributed(_Group):
 
     @property
     def processId(self) -> int:  # noqa: N802
-        return self._resolved()[0]
+        return self.process_id_and_count[0]
 
     @property
     def numProcesses(self) -> int:  # noqa: N802
-        return self._resolved()[1]
+        return self.process_id_and_count[1]
 
     @property
     def localProcessId(self) -> int:  # noqa: N802
@@ -282,6 +299,11 @@ class _Jit(_Group):
             raise ValueError(f"Options.Jit.exporter: expected 'dynamo' or 'torchscript', got "
                              f"{name!r}.")
         return self._set("exporter", name)
+
+    @property
+    def exporter_name(self) -> str:
+        """The exporter ``exporter()`` chose: ``"dynamo"`` or ``"torchscript"``."""
+        return self._get("exporter")
 
 
 class _Popart(_Group):

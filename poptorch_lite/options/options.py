@@ -21,6 +21,7 @@ import torch
 
 import popart_backend as popart
 
+from ..blocks import ExecutionStrategy
 from ..errors import ConfigFileError, Error
 from .enums import (
     CommGroupType,
@@ -100,7 +101,21 @@ _DEFAULTS = {
 
 
 class Options:
-    """Options of a wrapper or DataLoader: ``Options().deviceIterations(4).randomSeed(0)``."""
+    """Options of a wrapper or DataLoader: ``Options().deviceIterations(4).randomSeed(0)``.
+
+    Users write through PopTorch's camelCase setters. The rest of the frontend reads through
+    read-only snake_case properties, never the value dict:
+
+    - batching: ``device_iterations``, ``replication_factor``, ``input_replica_grouping``
+      (group size, ``CommGroupType``), ``input_replicas``, ``output_mode``,
+      ``output_return_period`` and ``resolved_output_mode(training)``;
+    - device: ``connection_type``, ``offline_ipu_version``, ``use_ipu_model``, ``ipu_id``,
+      ``sync_pattern``, ``auto_round_num_ipus``, ``execution_strategy``;
+    - session: ``random_seed``, ``model_name``, ``profiling_dir``,
+      ``show_compilation_progress_bar``, ``source_location_excludes``;
+    - in the groups: ``Training.gradient_accumulation``, ``Training.reduction_type``,
+      ``Distributed.process_id_and_count`` and ``Jit.exporter_name``.
+    """
 
     def __init__(self):
         object.__setattr__(self, "_values", copy.deepcopy(_DEFAULTS))
@@ -202,9 +217,15 @@ class Options:
         return self._set("inputReplicaGrouping", (input_group_size, input_group_type))
 
     @property
+    def input_replica_grouping(self) -> tuple[int, CommGroupType]:
+        """(input group size, how replicas are grouped); size 1 when every replica has its own
+        input."""
+        return self._values["inputReplicaGrouping"]
+
+    @property
     def input_replicas(self) -> int:
         """Rin = R / input_group_size: the replica factor of the input's batch dimension."""
-        return self.replication_factor // self._values["inputReplicaGrouping"][0]
+        return self.replication_factor // self.input_replica_grouping[0]
 
     def outputMode(self, output_mode, output_return_period=None):  # noqa: N802
         """Which micro-batches' outputs come back (P25, spec §2.4)."""
@@ -252,7 +273,7 @@ class Options:
         return self._set("randomSeed", random_seed)
 
     @property
-    def random_seed(self):
+    def random_seed(self) -> int | None:
         return self._values["randomSeed"]
 
     def enableExecutableCaching(self, path):  # noqa: N802
@@ -283,14 +304,42 @@ class Options:
         return self._set("autoRoundNumIPUs",
                          _check_type("autoRoundNumIPUs", auto_round_num_ipus, bool))
 
-    def setExecutionStrategy(self, strategy):  # noqa: N802
-        from ..blocks import ExecutionStrategy
+    @property
+    def connection_type(self) -> ConnectionType:
+        return self._values["connectionType"]
 
+    @property
+    def offline_ipu_version(self) -> int | None:
+        """The IPU version of ``useOfflineIpuTarget``; None when it was not called."""
+        return self._values["offlineIpuVersion"]
+
+    @property
+    def use_ipu_model(self) -> bool:
+        return self._values["useIpuModel"]
+
+    @property
+    def ipu_id(self) -> int | None:
+        return self._values["ipuId"]
+
+    @property
+    def sync_pattern(self) -> SyncPattern:
+        return self._values["syncPattern"]
+
+    @property
+    def auto_round_num_ipus(self) -> bool:
+        return self._values["autoRoundNumIPUs"]
+
+    def setExecutionStrategy(self, strategy):  # noqa: N802
         if not isinstance(strategy, ExecutionStrategy):
             raise TypeError(f"Options.setExecutionStrategy: expected an execution strategy "
                             f"(PipelinedExecution, ShardedExecution, ...), got "
                             f"{type(strategy).__name__}.")
         return self._set("executionStrategy", strategy)
+
+    @property
+    def execution_strategy(self) -> ExecutionStrategy | None:
+        """The strategy ``setExecutionStrategy`` set; None: derived from the blocks."""
+        return self._values["executionStrategy"]
 
     # --- misc ----------------------------------------------------------------------------------
 
@@ -320,8 +369,17 @@ class Options:
     def modelName(self, name: str):  # noqa: N802
         return self._set("modelName", _check_type("modelName", name, str))
 
+    @property
+    def model_name(self) -> str | None:
+        return self._values["modelName"]
+
     def enableProfiling(self, profile_dir: str | None = None):  # noqa: N802
         return self._set("profilingDir", profile_dir or ".")
+
+    @property
+    def profiling_dir(self) -> str | None:
+        """Where profiling reports go; None when profiling is off."""
+        return self._values["profilingDir"]
 
     def logCycleCount(self, log_cycle_count: bool):  # noqa: N802
         return self._set("logCycleCount", _check_type("logCycleCount", log_cycle_count, bool))
@@ -329,6 +387,10 @@ class Options:
     def showCompilationProgressBar(self, show: bool = True):  # noqa: N802
         return self._set("showCompilationProgressBar",
                          _check_type("showCompilationProgressBar", show, bool))
+
+    @property
+    def show_compilation_progress_bar(self) -> bool:
+        return self._values["showCompilationProgressBar"]
 
     def enableStableNorm(self, enabled: bool):  # noqa: N802
         return self._set("enableStableNorm", _check_type("enableStableNorm", enabled, bool))
@@ -354,6 +416,11 @@ class Options:
     def appendToLocationExcludes(self, *excludes: str):  # noqa: N802
         return self._set("sourceLocationExcludes",
                          self._values["sourceLocationExcludes"] + list(excludes))
+
+    @property
+    def source_location_excludes(self) -> tuple[str, ...]:
+        """Path fragments of source files that error locations skip."""
+        return tuple(self._values["sourceLocationExcludes"])
 
     def setLogLevel(self, level):  # noqa: N802
         """OFF, ERR, WARN, INFO, DEBUG, TRACE or TRACE_ALL (or a logging level int)."""
@@ -408,13 +475,13 @@ class Options:
         opts = popart.SessionOptions()
         # The wrapper reads and writes weights by name, so they must stay variables.
         opts.constantWeights = False
-        accumulation = self._values["Training.gradientAccumulation"]
+        accumulation = self.Training.gradient_accumulation
         if accumulation > 1:
             opts.enableGradientAccumulation = True
             opts.accumulationFactor = accumulation
         if training:
             opts.accumulationAndReplicationReductionType = popart.ReductionType[
-                self._values["Training.accumulationAndReplicationReductionType"].name]
+                self.Training.reduction_type.name]
             opts.meanAccumulationAndReplicationReductionStrategy = popart.MeanReductionStrategy[
                 self._values["Training.meanAccumulationAndReplicationReductionStrategy"].name]
         if self._values["enableSyntheticData"]:
@@ -434,7 +501,7 @@ class Options:
         if replicas > 1:
             opts.enableReplicatedGraphs = True
             opts.replicatedGraphCount = replicas
-        process_id, processes = self.Distributed._resolved()
+        process_id, processes = self.Distributed.process_id_and_count
         if processes > 1:
             opts.enableDistributedReplicatedGraphs = True
             opts.globalReplicationFactor = replicas * processes
