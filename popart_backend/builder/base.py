@@ -23,8 +23,6 @@ AI_ONNX = "ai.onnx"
 AI_ONNX_ML = "ai.onnx.ml"
 AI_GRAPHCORE = "ai.graphcore"
 
-_I, _F, _S = AttributeProto.INT, AttributeProto.FLOAT, AttributeProto.STRING
-_IS, _FS = AttributeProto.INTS, AttributeProto.FLOATS
 
 
 def _is_int(value) -> bool:

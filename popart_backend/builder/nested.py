@@ -13,8 +13,9 @@ from typing import Any
 from onnx import AttributeProto
 
 from ..errors import popart_exception
+from ..ir.signature import FLOAT, FLOATS, INT, INTS, STRING
 from ..ops.multiconv import PER_CONV_LISTS, check_hints
-from .base import _F, _FS, _I, _IS, _S, AI_GRAPHCORE, Opset, make_attribute
+from .base import AI_GRAPHCORE, Opset, make_attribute
 
 
 def _id_list(where: str, what: str, ids) -> list[str]:
@@ -65,7 +66,7 @@ def _per_conv_lists(where: str, num_convs: int, lists: dict[str, Any]) -> list[A
         per_dim, default = PER_CONV_LISTS[name]
         n = next(iter(spatial))
         flat = [v for inner in outer for v in (list(inner) or [default] * (per_dim * n))]
-        attributes.append(make_attribute(name, flat, _IS, where))
+        attributes.append(make_attribute(name, flat, INTS, where))
     return attributes
 
 
@@ -103,10 +104,10 @@ def multiconv(self: Opset, args, dilations=(), inDilations=(), pads=(),
         "strides": strides, "pads": pads, "dilations": dilations, "inDilations": inDilations,
         "outPads": outPads,
     })
-    hints = [("availableMemoryProportions", proportions, _FS),
+    hints = [("availableMemoryProportions", proportions, FLOATS),
              ("partialsTypes", partials, AttributeProto.STRINGS),
-             ("planType", planType, _S), ("perConvReservedTiles", perConvReservedTiles, _I),
-             ("cycleBackOff", cycleBackOff, _F), ("enableConvDithering", dithering, _IS)]
+             ("planType", planType, STRING), ("perConvReservedTiles", perConvReservedTiles, INT),
+             ("cycleBackOff", cycleBackOff, FLOAT), ("enableConvDithering", dithering, INTS)]
     for name, value, attr_type in hints:
         if value is not None and not (isinstance(value, list) and not value):
             attributes.append(make_attribute(name, value, attr_type, where))
@@ -133,9 +134,9 @@ def packed_data_block(self: Opset, args, maxSequenceLengths, resultSize,
             f"{inputs}."
         )
     attributes = [
-        make_attribute("maxSequenceLengths", maxSequenceLengths, _IS, where),
-        make_attribute("resultSize", resultSize, _I, where),
-        make_attribute("callbackBatchSize", callbackBatchSize, _I, where),
+        make_attribute("maxSequenceLengths", maxSequenceLengths, INTS, where),
+        make_attribute("resultSize", resultSize, INT, where),
+        make_attribute("callbackBatchSize", callbackBatchSize, INT, where),
         make_attribute("callback", callback, AttributeProto.GRAPH, where),
     ]
     if len(attributes[0].ints) != len(inputs) // 3:

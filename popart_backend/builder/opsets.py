@@ -2,7 +2,8 @@
 
 Each op method is generated, not written by hand: for ai.onnx and ai.onnx.ml the op list and
 every signature come from the ``onnx.defs`` schema of that opset version; the ai.graphcore ops
-(spec §6.3) have no ONNX schema, so a small table below describes them in the same form. One
+(spec §6.3) have no ONNX schema, so each op class declares its method (``Op.builder_method``,
+ir/signature.py) and ``graphcore_specs`` reads the declarations from the op registry. One
 ``OpSpec`` describes an op, ``make_method`` turns it into a method with PopART's calling
 convention::
 
@@ -22,20 +23,17 @@ import functools
 import inspect
 import keyword
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import onnx
 import onnx.defs
 from onnx import AttributeProto, helper, numpy_helper
 
-from ..dtypes import DataType
 from ..errors import popart_exception
+from ..ir.signature import REQUIRED, AttrSpec, BuilderMethod
+from ..ops.registry import all_registered
 from .base import (
-    _F,
-    _I,
-    _IS,
-    _S,
     AI_GRAPHCORE,
     AI_ONNX,
     NodeWriter,
@@ -48,14 +46,6 @@ from .nested import GRAPHCORE_METHODS
 # ai.onnx versions the Builder offers: PopART's 6..11, extended to what the backend imports.
 MIN_ONNX_OPSET = 6
 MAX_ONNX_OPSET = 28
-
-
-class _Required:
-    def __repr__(self) -> str:
-        return "<required>"
-
-
-REQUIRED = _Required()
 
 # Python keywords (and PopART's choice for If) get PopART's method names.
 _METHOD_NAMES = {
@@ -75,25 +65,6 @@ _EXTRA_PARAMS = {
     # whether its value may be overwritten by the host, which nothing here can do.
     "Constant": (("is_value_const", False),),
 }
-
-
-@dataclass(frozen=True)
-class AttrSpec:
-    """One attribute of an op: ONNX name, AttributeProto type and default (or REQUIRED/None)."""
-
-    name: str
-    type: int
-    default: Any = None  # None: optional without default (left out of the node when unset)
-    param: str = ""  # Python parameter name when it differs from the ONNX attribute name
-    convert: Callable[[Any], Any] | None = None  # PopART enums etc. -> attribute value
-
-    @property
-    def param_name(self) -> str:
-        return self.param or self.name
-
-    @property
-    def required(self) -> bool:
-        return self.default is REQUIRED
 
 
 @dataclass(frozen=True)
@@ -185,171 +156,39 @@ def onnx_specs(domain: str, version: int) -> dict[str, OpSpec]:
 
 # --- ai.graphcore (spec §6.3) ----------------------------------------------------------------
 
-_REDUCTION_TYPES = {"Sum": 0, "Mean": 1, "NoReduction": 2}
 
-
-def _reduction_type(value):
-    """PopART's ReductionType (Sum=0, Mean=1, NoReduction=2) as the int the node stores."""
-    if isinstance(value, enum.Enum):
-        value = value.value if _is_int(value.value) else value.name
-    if isinstance(value, str):
-        if value not in _REDUCTION_TYPES:
-            raise popart_exception(
-                f"Unknown ReductionType '{value}'; use one of {list(_REDUCTION_TYPES)}."
-            )
-        return _REDUCTION_TYPES[value]
-    return value
-
-
-def _scatter_reduction(value):
-    """PopART's ScatterReduction (Sum, Max, Min, None) as the lower-case string the node stores."""
-    if isinstance(value, enum.Enum):
-        value = value.name
-    if not isinstance(value, str) or value.lower() not in ("sum", "max", "min", "none"):
-        raise popart_exception(
-            f"Unknown ScatterReduction {value!r}; use Sum, Max, Min or None."
-        )
-    return value.lower()
-
-
-def _onnx_dtype(value):
-    if _is_int(value):
-        return int(value)
-    if isinstance(value, DataType):
-        return value.onnx
-    if isinstance(value, str):
-        return DataType.from_string(value).onnx
-    return DataType.from_numpy(value).onnx
-
-
-def _comm_group(value):
-    """CommGroup (type, replicaGroupSize) as ``__collectiveCommGroup``'s ``[type, size]``."""
-    if value is None:
-        return None
-    if isinstance(value, (tuple, list)):
-        kind, size = value
-    else:
-        kind, size = value.type, value.replicaGroupSize
-    return [kind.value if isinstance(kind, enum.Enum) else int(kind), int(size)]
-
-
-def _gc(op_type, inputs, outputs=1, *attrs, returned=None, takes_args=True):
-    lo, hi = inputs if isinstance(inputs, tuple) else (inputs, inputs)
+def _graphcore_spec(op_type: str, method: BuilderMethod) -> OpSpec:
+    lo, hi = method.inputs if isinstance(method.inputs, tuple) else (method.inputs,) * 2
     return OpSpec(
         op_type=op_type,
         domain=AI_GRAPHCORE,
         version=1,
         min_inputs=lo,
         max_inputs=hi,
-        min_outputs=outputs,
-        max_outputs=outputs,
-        attrs=tuple(attrs),
-        takes_args=takes_args,
-        returned_outputs=returned,
+        min_outputs=method.outputs,
+        max_outputs=method.outputs,
+        attrs=method.attrs,
+        takes_args=method.takes_args,
+        returned_outputs=method.returned,
         write_defaults=True,
     )
 
 
-_REDUCTION = AttrSpec("reduction", _I, 1, convert=_reduction_type)  # Mean
+@functools.lru_cache(maxsize=None)
+def graphcore_specs() -> dict[str, OpSpec]:
+    """Method name -> OpSpec of every ai.graphcore op class that declares its Builder method
+    (``Op.builder_method``; a subclass does not inherit its base's method), plus ``call``."""
+    specs = {}
+    for domain, op_type, version, cls in all_registered():
+        method = cls.__dict__.get("builder_method")
+        if domain == AI_GRAPHCORE and version == 1 and method is not None:
+            specs[method.name] = _graphcore_spec(op_type, method)
+    specs["call"] = _CALL
+    return dict(sorted(specs.items()))
 
-GRAPHCORE_SPECS: dict[str, OpSpec] = {
-    "abort": _gc("Abort", (0, 1), 0),
-    "atan2": _gc("Atan2", 2),
-    "bitwiseand": _gc("BitwiseAnd", 2),
-    "bitwisenot": _gc("BitwiseNot", 1),
-    "bitwiseor": _gc("BitwiseOr", 2),
-    "bitwisexor": _gc("BitwiseXor", 2),
-    "bitwisexnor": _gc("BitwiseXnor", 2),
-    "copyvarupdate": _gc("CopyVarUpdate", 2),
-    "ctcbeamsearchdecoder": _gc(
-        "CtcBeamSearchDecoder", 2, 3,
-        AttrSpec("blank", _I, 0), AttrSpec("beam_width", _I, 100), AttrSpec("top_paths", _I, 1),
-    ),
-    # Ctc's second output is the gradient PopART computes with the loss; the method returns
-    # only the loss, as PopART's does.
-    "ctcloss": _gc(
-        "Ctc", 4, 2,
-        _REDUCTION, AttrSpec("blank", _I, 0), AttrSpec("outDataType", _S, "UNDEFINED"),
-        returned=1,
-    ),
-    "depthtospace": _gc(
-        "DepthToSpace", 1, 1, AttrSpec("blocksize", _I, REQUIRED), AttrSpec("mode", _S, "DCR")
-    ),
-    "detach": _gc("Detach", 1),
-    "dynamicslice": _gc(
-        "DynamicSlice", 2, 1,
-        AttrSpec("axes", _IS, REQUIRED), AttrSpec("sizes", _IS, REQUIRED),
-        AttrSpec("noOverlap", _I, 0),
-    ),
-    "dynamicupdate": _gc(
-        "DynamicUpdate", 3, 1,
-        AttrSpec("axes", _IS, REQUIRED), AttrSpec("sizes", _IS, REQUIRED),
-        AttrSpec("noOverlap", _I, 0),
-    ),
-    "dynamiczero": _gc(
-        "DynamicZero", 2, 1, AttrSpec("axes", _IS, REQUIRED), AttrSpec("sizes", _IS, REQUIRED)
-    ),
-    "dynamicadd": _gc(
-        "DynamicAdd", 3, 1, AttrSpec("axes", _IS, REQUIRED), AttrSpec("sizes", _IS, REQUIRED)
-    ),
-    "expm1": _gc("Expm1", 1),
-    "fmod": _gc("Fmod", 2),
-    "gelu": _gc("Gelu", 1),
-    "groupnormalization": _gc(
-        "GroupNormalization", 3, 3,
-        AttrSpec("num_groups", _I, REQUIRED), AttrSpec("epsilon", _F, 1e-5),
-    ),
-    "identityloss": _gc("IdentityLoss", 1, 1, _REDUCTION),
-    "init": _gc(
-        "Init", 0, 1,
-        AttrSpec("shape", _IS, REQUIRED),
-        AttrSpec("data_type", _I, REQUIRED, convert=_onnx_dtype),
-        AttrSpec("init_type", _I, REQUIRED),
-        AttrSpec("batch_axis", _I, -1),
-        takes_args=False,
-    ),
-    "l1loss": _gc("L1", 1, 1, AttrSpec("lambda", _F, REQUIRED), _REDUCTION),
-    "log1p": _gc("Log1p", 1),
-    "lstm": _gc("LSTM", (3, 5), 2, AttrSpec("outputFullSequence", _I, 1)),
-    "nllloss": _gc(
-        "Nll", 2, 1,
-        _REDUCTION, AttrSpec("ignoreIndex", _I, None),
-        AttrSpec("inputIsLogProbability", _I, 0),
-    ),
-    "nop": _gc("Nop", 1),
-    "printtensor": _gc(
-        "PrintTensor", 1, 1, AttrSpec("print_gradient", _I, 1), AttrSpec("title", _S, "")
-    ),
-    "reducemedian": _gc(
-        "ReduceMedian", 1, 2, AttrSpec("axes", _IS, None), AttrSpec("keepdims", _I, 1)
-    ),
-    "remainder": _gc("Remainder", 2),
-    "replicatedallreduce": _gc(
-        "ReplicatedAllReduce", 1, 1,
-        AttrSpec("__collectiveCommGroup", _IS, None, param="commGroup", convert=_comm_group),
-    ),
-    "reshape": _gc("Reshape", 1, 1, AttrSpec("shape", _IS, REQUIRED)),
-    "reverse": _gc("Reverse", 1, 1, AttrSpec("dimensions", _IS, REQUIRED)),
-    "round": _gc("Round", 1),
-    "scale": _gc("Scale", 1, 1, AttrSpec("scale", _F, REQUIRED)),
-    "scaledadd": _gc(
-        "ScaledAdd", (2, 4), 1, AttrSpec("scale0", _F, 1.0), AttrSpec("scale1", _F, 1.0)
-    ),
-    "scatterreduce": _gc(
-        "ScatterReduce", 2, 1,
-        AttrSpec("axis_size", _I, REQUIRED), AttrSpec("axis", _I, -1),
-        AttrSpec("reduction", _S, "sum", convert=_scatter_reduction),
-    ),
-    "sequenceslice": _gc("SequenceSlice", 5, 1, AttrSpec("zeroUnused", _I, 0)),
-    "shapeddropout": _gc(
-        "ShapedDropout", 1, 1, AttrSpec("shape", _IS, REQUIRED), AttrSpec("ratio", _F, 0.5)
-    ),
-    "subsample": _gc("Subsample", 1, 1, AttrSpec("strides", _IS, REQUIRED)),
-    "swish": _gc("Swish", 1),
-}
 
 # call(args, num_outputs, callee): the callee's inputs take ``args`` in order (F23).
-GRAPHCORE_SPECS["call"] = OpSpec(
+_CALL = OpSpec(
     "Call", AI_GRAPHCORE, 1, 0, 1 << 30, 1, 1 << 30,
     attrs=(AttrSpec("callee", AttributeProto.GRAPH, REQUIRED),),
     variable_outputs=True, write_defaults=True,
@@ -549,7 +388,7 @@ def make_method(method_name: str, spec: OpSpec):
 @functools.lru_cache(maxsize=None)
 def opset_class(domain: str, version: int, name: str) -> type[Opset]:
     """The generated class holding one method per op of ``domain`` at ``version``."""
-    specs = GRAPHCORE_SPECS if domain == AI_GRAPHCORE else onnx_specs(domain, version)
+    specs = graphcore_specs() if domain == AI_GRAPHCORE else onnx_specs(domain, version)
     namespace = {
         method_name: make_method(method_name, spec) for method_name, spec in specs.items()
     }

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Sequence
 import numpy as np
 
 from ..errors import ShapeError
+from .signature import BuilderMethod
 
 if TYPE_CHECKING:
     from .tensor import Tensor, TensorInfo
@@ -158,6 +159,9 @@ class Op:
     # Ops the importer resolves into other ops instead of adding them to the graph (the static
     # sequence and optional ops, ops/sequences.py): see ``expands_at_import`` and ``expand``.
     import_time: ClassVar[bool] = False
+    # The ``builder.aiGraphcore`` method of an op without an ONNX schema (ir/signature.py); read
+    # from the class that declares it, so a subclass does not inherit its base's method.
+    builder_method: ClassVar[BuilderMethod | None] = None
 
     def __init__(self, attrs=None, settings: OpSettings | None = None, version: int | None = None):
         self.attrs = attrs if attrs is not None else self.Attrs()

@@ -34,8 +34,10 @@ import torch
 
 from ..errors import ShapeError, popart_exception
 from ..ir.op import Op
+from ..ir.signature import INTS, AttrSpec, BuilderMethod
 from ..ir.tensor import TensorInfo
 from ..options.enums import CommGroupType
+from .graphcore_common import comm_group
 from .registry import AI_GRAPHCORE, register_op
 
 GC = AI_GRAPHCORE
@@ -87,6 +89,13 @@ class ReplicatedAllReduce(Op):
 
     Its gradient is the all-reduce of the output gradient over the same group.
     """
+
+    builder_method = BuilderMethod(
+        "replicatedallreduce",
+        1,
+        1,
+        (AttrSpec("__collectiveCommGroup", INTS, None, param="commGroup", convert=comm_group),),
+    )
 
     foldable = False
     collective = True

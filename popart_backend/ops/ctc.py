@@ -14,8 +14,9 @@ import torch
 from ..dtypes import DataType
 from ..errors import ShapeError
 from ..ir.op import Op
+from ..ir.signature import INT, STRING, AttrSpec, BuilderMethod
 from ..ir.tensor import TensorInfo
-from .graphcore_common import _INT_DTYPES, _output_or_none, _require_float
+from .graphcore_common import _INT_DTYPES, REDUCTION_ATTR, _output_or_none, _require_float
 from .registry import AI_GRAPHCORE, register_op
 
 GC = AI_GRAPHCORE
@@ -44,6 +45,15 @@ class Ctc(Op):
     mean over the batch of loss_n / target_length_n, as torch; NoReduction [N]) and
     d loss_n / d log-probs [T, N, C], which the backward pass scales.
     """
+
+    # PopART's ctcloss returns only the loss.
+    builder_method = BuilderMethod(
+        "ctcloss",
+        4,
+        2,
+        (REDUCTION_ATTR, AttrSpec("blank", INT, 0), AttrSpec("outDataType", STRING, "UNDEFINED")),
+        returned=1,
+    )
 
     @dataclass(frozen=True)
     class Attrs:
@@ -124,6 +134,17 @@ class CtcBeamSearchDecoder(Op):
     [N, top_paths], label lengths [N, top_paths] (INT32) and decoded labels [N, top_paths, T]
     (INT32, padded with 0 past each length), best path first.
     """
+
+    builder_method = BuilderMethod(
+        "ctcbeamsearchdecoder",
+        2,
+        3,
+        (
+            AttrSpec("blank", INT, 0),
+            AttrSpec("beam_width", INT, 100),
+            AttrSpec("top_paths", INT, 1),
+        ),
+    )
 
     foldable = False
 

@@ -10,6 +10,7 @@ import torch
 
 from ..errors import ShapeError
 from ..ir.op import Op
+from ..ir.signature import INT, INTS, REQUIRED, AttrSpec, BuilderMethod
 from ..ir.tensor import TensorInfo
 from .base import normalize_axis
 from .graphcore_common import _INT_DTYPES
@@ -66,6 +67,17 @@ class _Dynamic(Op):
 class DynamicSlice(_Dynamic):
     """out = tensor[window]."""
 
+    builder_method = BuilderMethod(
+        "dynamicslice",
+        2,
+        1,
+        (
+            AttrSpec("axes", INTS, REQUIRED),
+            AttrSpec("sizes", INTS, REQUIRED),
+            AttrSpec("noOverlap", INT, 0),
+        ),
+    )
+
     def infer(self, x, offset):
         return x.with_shape(self.check_window(x, offset))
 
@@ -92,6 +104,17 @@ class _DynamicWithSlice(_Dynamic):
 class DynamicUpdate(_DynamicWithSlice):
     """out = tensor with its window replaced by ``slice``; inputs (tensor, offset, slice)."""
 
+    builder_method = BuilderMethod(
+        "dynamicupdate",
+        3,
+        1,
+        (
+            AttrSpec("axes", INTS, REQUIRED),
+            AttrSpec("sizes", INTS, REQUIRED),
+            AttrSpec("noOverlap", INT, 0),
+        ),
+    )
+
     def kernel(self, x, offset, update):
         out = x.clone()
         out[self.window(offset)] = update
@@ -111,6 +134,10 @@ class DynamicUpdate(_DynamicWithSlice):
 class DynamicAdd(_DynamicWithSlice):
     """out = tensor with ``slice`` added to its window; inputs (tensor, offset, slice)."""
 
+    builder_method = BuilderMethod(
+        "dynamicadd", 3, 1, (AttrSpec("axes", INTS, REQUIRED), AttrSpec("sizes", INTS, REQUIRED))
+    )
+
     def kernel(self, x, offset, update):
         out = x.clone()
         out[self.window(offset)] += update
@@ -127,6 +154,10 @@ class DynamicAdd(_DynamicWithSlice):
 @register_op("DynamicZero", versions=1, domain=GC)
 class DynamicZero(_Dynamic):
     """out = tensor with its window set to zero; inputs (tensor, offset)."""
+
+    builder_method = BuilderMethod(
+        "dynamiczero", 2, 1, (AttrSpec("axes", INTS, REQUIRED), AttrSpec("sizes", INTS, REQUIRED))
+    )
 
     def infer(self, x, offset):
         self.check_window(x, offset)
@@ -150,6 +181,8 @@ class SequenceSlice(Op):
     j, destination[destOffset[j] : +N[j]] = source[sourceOffset[j] : +N[j]]. With zeroUnused=1
     the destination rows no run writes become zero. Runs past either end are cut to fit.
     """
+
+    builder_method = BuilderMethod("sequenceslice", 5, 1, (AttrSpec("zeroUnused", INT, 0),))
 
     @dataclass(frozen=True)
     class Attrs:

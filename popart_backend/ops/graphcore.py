@@ -26,6 +26,7 @@ import torch
 
 from ..errors import ShapeError
 from ..ir.op import Op
+from ..ir.signature import FLOAT, INT, REQUIRED, AttrSpec, BuilderMethod
 from ..ir.tensor import TensorInfo
 from .graphcore_common import (
     GC,
@@ -40,6 +41,13 @@ from .registry import register_op
 class GroupNormalization(Op):
     """PopART's group norm: X [N, C, ...], scale and bias per channel [C]; outputs Y, Mean and
     InvStdDev, the last two [N·num_groups]."""
+
+    builder_method = BuilderMethod(
+        "groupnormalization",
+        3,
+        3,
+        (AttrSpec("num_groups", INT, REQUIRED), AttrSpec("epsilon", FLOAT, 1e-5)),
+    )
 
     is_normalization = True
 

@@ -9,6 +9,7 @@ import torch
 
 from ..errors import ShapeError
 from ..ir.op import NoAttrs, Op
+from ..ir.signature import FLOAT, REQUIRED, AttrSpec, BuilderMethod
 from ..ir.tensor import TensorInfo
 from .base import ElementwiseBinary, ElementwiseGrad, ElementwiseUnary, broadcast_shapes
 from .graphcore_common import _INT_DTYPES, GC, _require_float
@@ -42,6 +43,8 @@ class _GcBinary(ElementwiseBinary):
 class Atan2(_GcBinary):
     """out = atan2(y, x), the angle of the point (x, y); inputs (y, x)."""
 
+    builder_method = BuilderMethod("atan2", 2)
+
     def infer(self, y, x):
         _require_float(self, y, x)
         return super().infer(y, x)
@@ -66,30 +69,35 @@ class _Bitwise(_GcBinary):
 
 @register_op("BitwiseAnd", versions=1, domain=GC)
 class BitwiseAnd(_Bitwise):
+    builder_method = BuilderMethod("bitwiseand", 2)
     def kernel(self, a, b):
         return torch.bitwise_and(a, b)
 
 
 @register_op("BitwiseOr", versions=1, domain=GC)
 class BitwiseOr(_Bitwise):
+    builder_method = BuilderMethod("bitwiseor", 2)
     def kernel(self, a, b):
         return torch.bitwise_or(a, b)
 
 
 @register_op("BitwiseXor", versions=1, domain=GC)
 class BitwiseXor(_Bitwise):
+    builder_method = BuilderMethod("bitwisexor", 2)
     def kernel(self, a, b):
         return torch.bitwise_xor(a, b)
 
 
 @register_op("BitwiseXnor", versions=1, domain=GC)
 class BitwiseXnor(_Bitwise):
+    builder_method = BuilderMethod("bitwisexnor", 2)
     def kernel(self, a, b):
         return torch.bitwise_not(torch.bitwise_xor(a, b))
 
 
 @register_op("BitwiseNot", versions=1, domain=GC)
 class BitwiseNot(ElementwiseUnary):
+    builder_method = BuilderMethod("bitwisenot", 1)
     def infer(self, x):
         if x.dtype not in _INT_DTYPES:
             raise ShapeError(f"{self.debug_name}: input {x} must be an integer tensor.")
@@ -102,6 +110,8 @@ class BitwiseNot(ElementwiseUnary):
 @register_op("Expm1", versions=1, domain=GC)
 class Expm1(_GcUnary):
     """exp(x) - 1, exact near 0."""
+
+    builder_method = BuilderMethod("expm1", 1)
 
     def kernel(self, x):
         return torch.expm1(x)
@@ -119,6 +129,8 @@ class Expm1Grad(ElementwiseGrad):
 @register_op("Log1p", versions=1, domain=GC)
 class Log1p(_GcUnary):
     """log(1 + x), exact near 0."""
+
+    builder_method = BuilderMethod("log1p", 1)
 
     def kernel(self, x):
         return torch.log1p(x)
@@ -138,6 +150,8 @@ class Gelu(_GcUnary):
     """PopART's Gelu is poplibs' GELU non-linearity: the tanh approximation
     0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))."""
 
+    builder_method = BuilderMethod("gelu", 1)
+
     is_nonlinearity = True
 
     def kernel(self, x):
@@ -150,6 +164,8 @@ class Gelu(_GcUnary):
 @register_op("Swish", versions=1, domain=GC)
 class Swish(_GcUnary):
     """x · sigmoid(x)."""
+
+    builder_method = BuilderMethod("swish", 1)
 
     is_nonlinearity = True
 
@@ -171,6 +187,8 @@ class SwishGrad(ElementwiseGrad):
 class Round(_GcUnary):
     """Round to the nearest integer, halves away from zero (poplar's ROUND, C's round()), unlike
     ai.onnx Round, which rounds halves to even."""
+
+    builder_method = BuilderMethod("round", 1)
 
     def kernel(self, x):
         return torch.where(x >= 0, torch.floor(x + 0.5), torch.ceil(x - 0.5))
@@ -197,6 +215,8 @@ class _Modulo(_GcBinary):
 class Fmod(_Modulo):
     """C's fmod: the remainder takes the sign of the dividend."""
 
+    builder_method = BuilderMethod("fmod", 2)
+
     quotient = "Trunc"
 
     def kernel(self, a, b):
@@ -206,6 +226,8 @@ class Fmod(_Modulo):
 @register_op("Remainder", versions=1, domain=GC)
 class Remainder(_Modulo):
     """Python's %: the remainder takes the sign of the divisor."""
+
+    builder_method = BuilderMethod("remainder", 2)
 
     quotient = "Floor"
 
@@ -227,6 +249,8 @@ class Trunc(ElementwiseUnary):
 class Scale(ElementwiseUnary):
     """x · scale."""
 
+    builder_method = BuilderMethod("scale", 1, 1, (AttrSpec("scale", FLOAT, REQUIRED),))
+
     @dataclass(frozen=True)
     class Attrs:
         scale: float
@@ -242,6 +266,10 @@ class Scale(ElementwiseUnary):
 @register_op("ScaledAdd", versions=1, domain=GC)
 class ScaledAdd(Op):
     """scale0 · x0 + scale1 · x1; optional scalar inputs 2 and 3 replace the attributes."""
+
+    builder_method = BuilderMethod(
+        "scaledadd", (2, 4), 1, (AttrSpec("scale0", FLOAT, 1.0), AttrSpec("scale1", FLOAT, 1.0))
+    )
 
     @dataclass(frozen=True)
     class Attrs:

@@ -12,8 +12,9 @@ import torch
 from ..dtypes import DataType
 from ..errors import ShapeError, popart_runtime_error
 from ..ir.op import Op
+from ..ir.signature import INT, INTS, REQUIRED, STRING, AttrSpec, BuilderMethod
 from ..ir.tensor import TensorInfo
-from .graphcore_common import GC
+from .graphcore_common import GC, onnx_dtype
 from .registry import register_op
 
 
@@ -31,6 +32,8 @@ class _Passthrough(Op):
 class Detach(_Passthrough):
     """Identity whose output carries no gradient back to its input."""
 
+    builder_method = BuilderMethod("detach", 1)
+
     def grad(self, g):
         """Stops the gradient: nothing flows back."""
 
@@ -38,6 +41,8 @@ class Detach(_Passthrough):
 @register_op("Nop", versions=1, domain=GC)
 class Nop(_Passthrough):
     """Identity that graph optimisations must keep (PopART uses it to pin the schedule)."""
+
+    builder_method = BuilderMethod("nop", 1)
 
     foldable = False
 
@@ -50,6 +55,10 @@ class PrintTensor(_Passthrough):
     """Identity that prints ``<title>: <values>`` to stdout each time it runs (the title defaults
     to the input's id); with print_gradient=1 its gradient is printed too, titled
     ``Gradient___<title>``."""
+
+    builder_method = BuilderMethod(
+        "printtensor", 1, 1, (AttrSpec("print_gradient", INT, 1), AttrSpec("title", STRING, ""))
+    )
 
     foldable = False
 
@@ -78,6 +87,8 @@ class Abort(Op):
     """Stops the run with popart_runtime_error when executed: always without an input, only when
     the input (a scalar condition) is non-zero with one."""
 
+    builder_method = BuilderMethod("abort", (0, 1), 0)
+
     foldable = False
 
     def infer(self, condition=None):
@@ -99,6 +110,8 @@ class Abort(Op):
 class CopyVarUpdate(Op):
     """var := updater, in place; the output aliases ``var`` (PopART's variable copy)."""
 
+    builder_method = BuilderMethod("copyvarupdate", 2)
+
     foldable = False
     modifies_inputs = (0,)
 
@@ -115,6 +128,19 @@ class CopyVarUpdate(Op):
 class Init(Op):
     """A new tensor of ``shape`` and ``data_type``: zeros for InitType Zero (1). NoInit (0) means
     "contents undefined" on hardware; the simulator gives zeros so runs stay reproducible."""
+
+    builder_method = BuilderMethod(
+        "init",
+        0,
+        1,
+        (
+            AttrSpec("shape", INTS, REQUIRED),
+            AttrSpec("data_type", INT, REQUIRED, convert=onnx_dtype),
+            AttrSpec("init_type", INT, REQUIRED),
+            AttrSpec("batch_axis", INT, -1),
+        ),
+        takes_args=False,
+    )
 
     foldable = False  # a fresh buffer per run: in-place updates must not touch a constant
 

@@ -31,6 +31,7 @@ import torch
 from ..dtypes import DataType
 from ..errors import ShapeError
 from ..ir.op import Op
+from ..ir.signature import INT, AttrSpec, BuilderMethod
 from ..ir.tensor import TensorInfo
 from .registry import AI_GRAPHCORE, register_op
 from .rnn import LSTM as OnnxLSTM
@@ -117,6 +118,8 @@ class _PopartLSTMBase(Op):
 class LSTM(_PopartLSTMBase):
     """PopART's LSTM: inputs X, weights, bias, [initial state], [sequence lengths]; outputs the
     output (sequence or last) and the final cell state. Layout in the module docstring."""
+
+    builder_method = BuilderMethod("lstm", (3, 5), 2, (AttrSpec("outputFullSequence", INT, 1),))
 
     def infer(self, x, w, b, state=None, lens=None):
         self._check(x, w, b, state, lens)

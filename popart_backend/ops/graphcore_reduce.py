@@ -12,9 +12,10 @@ import torch
 from ..dtypes import DataType
 from ..errors import ShapeError
 from ..ir.op import Op
+from ..ir.signature import INT, INTS, REQUIRED, STRING, AttrSpec, BuilderMethod
 from ..ir.tensor import TensorInfo
 from .base import normalize_axis
-from .graphcore_common import _INT_DTYPES, GC, _output_or_none
+from .graphcore_common import _INT_DTYPES, GC, _output_or_none, scatter_reduction
 from .registry import register_op
 
 
@@ -22,6 +23,10 @@ from .registry import register_op
 class ReduceMedian(Op):
     """Median over ``axes`` (all when unset) and, as output 1, its index (INT32) into the
     flattened reduced axes. For an even count it is the lower of the two middle values."""
+
+    builder_method = BuilderMethod(
+        "reducemedian", 1, 2, (AttrSpec("axes", INTS, None), AttrSpec("keepdims", INT, 1))
+    )
 
     @dataclass(frozen=True)
     class Attrs:
@@ -81,6 +86,17 @@ class ScatterReduce(Op):
     """out[..., index[..., i, ...], ...] ⊕= src[..., i, ...] along ``axis``, ⊕ = sum, max, min or
     plain assignment ("none"). ``out`` has src's shape with ``axis`` resized to ``axis_size``;
     positions no source element reaches are 0. ``index`` is src-shaped or 1-D along ``axis``."""
+
+    builder_method = BuilderMethod(
+        "scatterreduce",
+        2,
+        1,
+        (
+            AttrSpec("axis_size", INT, REQUIRED),
+            AttrSpec("axis", INT, -1),
+            AttrSpec("reduction", STRING, "sum", convert=scatter_reduction),
+        ),
+    )
 
     @dataclass(frozen=True)
     class Attrs:

@@ -10,6 +10,7 @@ import torch
 
 from ..errors import ShapeError
 from ..ir.op import Op
+from ..ir.signature import INT, INTS, REQUIRED, STRING, AttrSpec, BuilderMethod
 from .base import normalize_axis
 from .graphcore_common import GC
 from .registry import register_op
@@ -19,6 +20,8 @@ from .shape import DepthToSpace as OnnxDepthToSpace
 @register_op("Reshape", versions=1, domain=GC)
 class Reshape(Op):
     """Reshape to the ``shape`` attribute (one dimension may be -1)."""
+
+    builder_method = BuilderMethod("reshape", 1, 1, (AttrSpec("shape", INTS, REQUIRED),))
 
     aliases_inputs = True  # a view of the input
 
@@ -53,6 +56,8 @@ class Reshape(Op):
 class Reverse(Op):
     """Reverse the order of elements along each of ``dimensions``."""
 
+    builder_method = BuilderMethod("reverse", 1, 1, (AttrSpec("dimensions", INTS, REQUIRED),))
+
     @dataclass(frozen=True)
     class Attrs:
         dimensions: tuple[int, ...]
@@ -75,6 +80,8 @@ class Reverse(Op):
 @register_op("Subsample", versions=1, domain=GC)
 class Subsample(Op):
     """Every strides[i]-th element along each axis i, starting at 0."""
+
+    builder_method = BuilderMethod("subsample", 1, 1, (AttrSpec("strides", INTS, REQUIRED),))
 
     @dataclass(frozen=True)
     class Attrs:
@@ -115,6 +122,13 @@ class SubsampleGrad(Op):
 @register_op("DepthToSpace", versions=1, domain=GC)
 class DepthToSpace(OnnxDepthToSpace):
     """The builder's ai.graphcore spelling of ai.onnx DepthToSpace (blocksize, mode)."""
+
+    builder_method = BuilderMethod(
+        "depthtospace",
+        1,
+        1,
+        (AttrSpec("blocksize", INT, REQUIRED), AttrSpec("mode", STRING, "DCR")),
+    )
 
     @classmethod
     def attrs_type(cls, version):

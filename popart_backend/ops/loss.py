@@ -15,7 +15,9 @@ import torch.nn.functional as F
 
 from ..errors import ShapeError, popart_exception
 from ..ir.op import Op
+from ..ir.signature import FLOAT, INT, REQUIRED, AttrSpec, BuilderMethod
 from ..ir.tensor import TensorInfo
+from .graphcore_common import REDUCTION_ATTR
 from .registry import AI_GRAPHCORE, register_op
 
 _POPART_REDUCTION = {0: "sum", 1: "mean", 2: "none"}
@@ -49,6 +51,8 @@ class GraphcoreLoss(Op):
 @register_op("IdentityLoss", versions=1, domain=AI_GRAPHCORE)
 class IdentityLoss(GraphcoreLoss):
     """loss = reduce(x): the user computed the per-sample loss with ordinary ops."""
+
+    builder_method = BuilderMethod("identityloss", 1, 1, (REDUCTION_ATTR,))
 
     aliases_inputs = True  # reduction none returns its input
 
@@ -86,6 +90,10 @@ class IdentityLossGrad(GraphcoreLoss):
 @register_op("L1", versions=1, domain=AI_GRAPHCORE)
 class L1(GraphcoreLoss):
     """loss = lambda * reduce(|x|)."""
+
+    builder_method = BuilderMethod(
+        "l1loss", 1, 1, (AttrSpec("lambda", FLOAT, REQUIRED), REDUCTION_ATTR)
+    )
 
     @dataclass(frozen=True)
     class Attrs:
@@ -126,6 +134,17 @@ class L1Grad(GraphcoreLoss):
 @register_op("Nll", versions=1, domain=AI_GRAPHCORE)
 class Nll(GraphcoreLoss):
     """Negative log-likelihood of ``probs`` [..., C] (class axis last) at integer ``label`` [...]."""
+
+    builder_method = BuilderMethod(
+        "nllloss",
+        2,
+        1,
+        (
+            REDUCTION_ATTR,
+            AttrSpec("ignoreIndex", INT, None),
+            AttrSpec("inputIsLogProbability", INT, 0),
+        ),
+    )
 
     @dataclass(frozen=True)
     class Attrs:

@@ -21,6 +21,7 @@ import torch
 from ..dtypes import DataType
 from ..errors import ShapeError
 from ..ir.op import Op, TrainingForm
+from ..ir.signature import FLOAT, INTS, REQUIRED, AttrSpec, BuilderMethod
 from ..ir.tensor import TensorInfo
 from .base import broadcast_shapes
 from .registry import AI_GRAPHCORE, create_op, register_op
@@ -188,6 +189,10 @@ class ShapedDropout(Op):
     drop together. Inert (the identity) in inference, like Dropout; in a TrainingSession the
     TrainingSemantics pass replaces it by ShapedDropoutTraining.
     """
+
+    builder_method = BuilderMethod(
+        "shapeddropout", 1, 1, (AttrSpec("shape", INTS, REQUIRED), AttrSpec("ratio", FLOAT, 0.5))
+    )
 
     aliases_inputs = True  # inference ShapedDropout returns its input
 
