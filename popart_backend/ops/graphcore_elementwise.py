@@ -161,6 +161,20 @@ class Gelu(_GcUnary):
         self.fused_grad(g, "GeluGrad", approximate="tanh")
 
 
+@register_op("GeluErf", versions=1, domain=GC)
+class GeluErf(_GcUnary):
+    """The exact GELU, x·Φ(x) = 0.5·x·(1 + erf(x/√2)), unlike ai.graphcore Gelu's tanh form."""
+
+    builder_method = BuilderMethod("geluerf", 1)
+    is_nonlinearity = True
+
+    def kernel(self, x):
+        return torch.nn.functional.gelu(x)
+
+    def grad(self, g):
+        self.fused_grad(g, "GeluGrad", approximate="none")
+
+
 @register_op("Swish", versions=1, domain=GC)
 class Swish(_GcUnary):
     """x · sigmoid(x)."""

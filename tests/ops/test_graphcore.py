@@ -48,6 +48,7 @@ UNARY = {
     "log1p": np.log1p,
     "swish": lambda x: x / (1 + np.exp(-x)),
     "gelu": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))),
+    "geluerf": lambda x: 0.5 * x * (1 + torch.erf(t(x / np.sqrt(2))).numpy()),
     "round": lambda x: np.sign(x) * np.floor(np.abs(x) + 0.5),
     "detach": lambda x: x,
     "nop": lambda x: x,
@@ -323,6 +324,7 @@ def test_elementwise_gradients():
     check_grad("Log1p", [x], domain=GC, ref=torch.log1p)
     check_grad("Swish", [x], domain=GC, ref=f.silu)
     check_grad("Gelu", [x], domain=GC, ref=lambda a: f.gelu(a, approximate="tanh"))
+    check_grad("GeluErf", [x], domain=GC, ref=f.gelu)
     check_grad("Scale", [x], {"scale": 1.5}, domain=GC, ref=lambda a: a * 1.5)
     check_grad("Nop", [x], domain=GC, ref=lambda a: a)
     check_grad("PrintTensor", [x], {"print_gradient": 0}, domain=GC, ref=lambda a: a)
