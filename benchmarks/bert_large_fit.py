@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 import popart_backend as popart  # noqa: E402
 from popart_backend.dataflow import AnchorReturnType, DataFlow  # noqa: E402
 from popart_backend.device.analysis import analyse  # noqa: E402
-from popart_backend.device.cost import BatchInfo  # noqa: E402
+from popart_backend.device.transfers import BatchInfo  # noqa: E402
 from popart_backend.device.lower import lower  # noqa: E402
 from popart_backend.device.memory import format_bytes  # noqa: E402
 from popart_backend.importer.onnx_model import import_model, load_model  # noqa: E402

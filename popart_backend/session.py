@@ -22,11 +22,11 @@ from onnx import numpy_helper
 from . import progress
 from .dataflow import DataFlow, PyWeightsIO, anchor_shape
 from .device.analysis import DeviceModel, analyse
-from .device.cost import BatchInfo
 from .device.distributed import check_global_replication, replica_comm
 from .device.lower import Program, lower
 from .device.manager import DeviceConnectionType
 from .device.simulator import SimulatedDevice
+from .device.transfers import BatchInfo
 from .errors import popart_exception, popart_runtime_error
 from .importer.onnx_model import LoadedModel, import_model, initializer_value, load_model
 from .ir.dot import DotWriter

@@ -150,11 +150,13 @@ def _child_bodies(node: ast.stmt) -> list[list[ast.stmt]]:
 
 def edges(module: Module) -> set[str]:
     """Every import of a module, deferred ones (inside functions) and `if TYPE_CHECKING:` ones
-    included: a circle hidden in a function body is still a circle. TYPE_CHECKING imports inside
-    `ir/` are the one exception (Graph, Op and Tensor name each other in annotations)."""
+    included: a circle hidden in a function body is still a circle. TYPE_CHECKING imports
+    between modules of `ir/` are the one exception (Graph, Op and Tensor name each other in
+    annotations)."""
     targets = set(module.imports) | {t for _, t in module.function_imports}
-    if not module.name.startswith("popart_backend.ir"):
-        targets |= module.type_checking_imports
+    in_ir = module.name.startswith("popart_backend.ir")
+    targets |= {t for t in module.type_checking_imports
+                if not (in_ir and t.startswith("popart_backend.ir"))}
     return targets
 
 

@@ -4,6 +4,9 @@ imports that follow the data path."""
 
 from __future__ import annotations
 
+import ast
+import re
+
 import pytest
 
 from scripts.architecture_figures import import_cycles, load_modules, top_level_modules
@@ -77,4 +80,35 @@ def test_frontend_uses_only_the_public_backend_api():
                    if m.name.startswith("poptorch_lite")
                    for t in m.imports | {t for _, t in m.function_imports}
                    if t.startswith("popart_backend") and t != "popart_backend")
+    assert wrong == []
+
+
+def _passes() -> list[tuple[str, ast.ClassDef, str]]:
+    """(module, class, module docstring) of every pass: a class of transforms/ with ``run``."""
+    found = []
+    for module in MODULES.values():
+        if not module.name.startswith("popart_backend.transforms."):
+            continue
+        tree = ast.parse(module.path.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and any(
+                    isinstance(b, ast.FunctionDef) and b.name == "run" for b in node.body):
+                found.append((module.name, node, ast.get_docstring(tree) or ""))
+    return found
+
+
+def test_every_pass_shows_a_tiny_ir_before_and_after():
+    missing = [f"{name}.{node.name}" for name, node, module_doc in _passes()
+               if "before" not in ((ast.get_docstring(node) or "") + module_doc).lower()]
+    assert len(_passes()) > 20 and missing == []
+
+
+def test_passes_and_device_read_no_undeclared_op_attributes():
+    """Passes talk through the Ir: what they read off an op is a declared field, not a string
+    looked up with getattr."""
+    pattern = re.compile(r"\b(getattr|hasattr|setattr)\(\s*op\s*,")
+    wrong = [f"{m.name}:{i}" for m in MODULES.values()
+             if m.name.startswith(("popart_backend.transforms", "popart_backend.device",
+                                   "popart_backend.session"))
+             for i, line in enumerate(m.path.read_text().splitlines(), 1) if pattern.search(line)]
     assert wrong == []

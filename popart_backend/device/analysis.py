@@ -22,11 +22,12 @@ from ..transforms.tensor_locations import (
     output_locations_from_model,
     resolve_tensor_locations,
 )
-from .cost import BatchInfo, CycleResult, collective_replicas, compute_cycles
+from .cost import CycleResult, collective_replicas, compute_cycles
 from .io_overlap import HostIO, HostStream
 from .memory import IoBuffer, MemoryResult, check_fits, compute_memory, storage_roots
 from .pipeline_cost import PipelineInfo
 from .spec import IpuSpec
+from .transfers import BatchInfo
 
 __all__ = ["DeviceModel", "analyse", "host_io"]
 

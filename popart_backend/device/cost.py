@@ -31,8 +31,7 @@ drawn from all replicas of all processes under global replication (spec §5.3:
 A pipelined program (spec §5.1) follows the cycle table of device/pipeline_cost.py; host streams
 on IO tiles (spec §9) overlap compute as device/io_overlap.py describes. This module runs the
 schedule, adds the IPU-Link copies, streaming-memory and host transfers (the records of
-device/transfers.py), and sums the step; every name of the cycle model stays importable from
-here.
+device/transfers.py), and sums the step.
 """
 
 from __future__ import annotations
@@ -50,24 +49,17 @@ from .op_cost import (
     _host_transfer_cycles,
     _seconds_to_cycles,
     _with_tiles,
-    collective_cycles,
     op_cycles,
 )
 from .pipeline_cost import (
-    PipelineCycle,
     PipelineCycles,
     PipelineInfo,
     _pipeline_cycles,
-    host_sync_ipus,
 )
 from .spec import IpuSpec
 from .transfers import BatchInfo, LinkTransfer, RemoteTransfer
 
-__all__ = [
-    "BatchInfo", "CycleResult", "HostIO", "HostStream", "LinkTransfer", "OpCycles", "OverlapIO",
-    "PipelineCycle", "PipelineCycles", "PipelineInfo", "RemoteTransfer", "collective_cycles",
-    "collective_replicas", "compute_cycles", "host_sync_ipus", "op_cycles", "overlap_io",
-]
+__all__ = ["CycleResult", "collective_replicas", "compute_cycles"]
 
 
 @dataclass

@@ -80,9 +80,7 @@ class SimulatedDevice:
         self._input_slots = [self.plan.slot[i.id] for i in program.inputs]
         # Ops that need facts about the device running them (custom ops: replica count).
         for op in program.schedule:
-            bind = getattr(op, "bind_program", None)
-            if bind is not None:
-                bind(program)
+            op.bind_program(program)
         self._generator = torch.Generator()
         self._generator.manual_seed(seed)
         self._zero_inputs = [_zeros(i.info) for i in program.inputs]

@@ -189,7 +189,7 @@ def tensor_info_of(value_info: onnx.ValueInfoProto, shape_info: dict) -> TensorI
     if name in shape_info:
         return shape_info[name]
     ttype = value_info.type.tensor_type
-    if value_info.type.HasField("optional_type"):  # a present optional tensor (importer/sequences.py)
+    if value_info.type.HasField("optional_type"):  # a present optional tensor (sequences.py)
         ttype = value_info.type.optional_type.elem_type.tensor_type
     if not ttype.HasField("shape"):
         raise ShapeError(

@@ -246,6 +246,11 @@ class Op:
     def check_alias(self) -> bool:
         return self.settings.checks.alias
 
+    def bind_program(self, program) -> None:
+        """Called once by the simulated device before it runs the lowered ``program`` this op
+        is part of, for ops whose kernel needs facts of the device (custom ops: the replica
+        count). Nothing for the others."""
+
     def training_form(self, random_seed: Callable[[], str]) -> "TrainingForm | None":
         """The op replacing this one in a TrainingSession (transforms/training_semantics.py),
         None when it behaves the same in training. ``random_seed()`` is the id of the seed

@@ -22,6 +22,9 @@ GC = AI_GRAPHCORE
 
 # --- dynamic slicing --------------------------------------------------------------------------
 
+# The window every dynamic op's Builder method takes.
+_WINDOW = (AttrSpec("axes", INTS, REQUIRED), AttrSpec("sizes", INTS, REQUIRED))
+
 
 class _Dynamic(Op):
     """Base of DynamicSlice/Update/Zero/Add: a window of ``sizes`` along ``axes`` starting at the
@@ -67,16 +70,7 @@ class _Dynamic(Op):
 class DynamicSlice(_Dynamic):
     """out = tensor[window]."""
 
-    builder_method = BuilderMethod(
-        "dynamicslice",
-        2,
-        1,
-        (
-            AttrSpec("axes", INTS, REQUIRED),
-            AttrSpec("sizes", INTS, REQUIRED),
-            AttrSpec("noOverlap", INT, 0),
-        ),
-    )
+    builder_method = BuilderMethod("dynamicslice", 2, 1, (*_WINDOW, AttrSpec("noOverlap", INT, 0)))
 
     def infer(self, x, offset):
         return x.with_shape(self.check_window(x, offset))
@@ -104,16 +98,7 @@ class _DynamicWithSlice(_Dynamic):
 class DynamicUpdate(_DynamicWithSlice):
     """out = tensor with its window replaced by ``slice``; inputs (tensor, offset, slice)."""
 
-    builder_method = BuilderMethod(
-        "dynamicupdate",
-        3,
-        1,
-        (
-            AttrSpec("axes", INTS, REQUIRED),
-            AttrSpec("sizes", INTS, REQUIRED),
-            AttrSpec("noOverlap", INT, 0),
-        ),
-    )
+    builder_method = BuilderMethod("dynamicupdate", 3, 1, (*_WINDOW, AttrSpec("noOverlap", INT, 0)))
 
     def kernel(self, x, offset, update):
         out = x.clone()
@@ -134,9 +119,7 @@ class DynamicUpdate(_DynamicWithSlice):
 class DynamicAdd(_DynamicWithSlice):
     """out = tensor with ``slice`` added to its window; inputs (tensor, offset, slice)."""
 
-    builder_method = BuilderMethod(
-        "dynamicadd", 3, 1, (AttrSpec("axes", INTS, REQUIRED), AttrSpec("sizes", INTS, REQUIRED))
-    )
+    builder_method = BuilderMethod("dynamicadd", 3, 1, _WINDOW)
 
     def kernel(self, x, offset, update):
         out = x.clone()
@@ -155,9 +138,7 @@ class DynamicAdd(_DynamicWithSlice):
 class DynamicZero(_Dynamic):
     """out = tensor with its window set to zero; inputs (tensor, offset)."""
 
-    builder_method = BuilderMethod(
-        "dynamiczero", 2, 1, (AttrSpec("axes", INTS, REQUIRED), AttrSpec("sizes", INTS, REQUIRED))
-    )
+    builder_method = BuilderMethod("dynamiczero", 2, 1, _WINDOW)
 
     def infer(self, x, offset):
         self.check_window(x, offset)

@@ -38,6 +38,10 @@ class Scan(SubgraphOp):
     an optional first operand sequence_lens; versions 9+ scan along ``scan_input_axes``.
     """
 
+    # Set by ``infer`` from the operands (version 8 has the batch axis); the cost reads them.
+    _seq_len = 1
+    _batch = 1
+
     @dataclass(frozen=True)
     class Attrs:
         body: Body
@@ -208,7 +212,7 @@ class Scan(SubgraphOp):
 
     def cost(self):
         flops, moved = self.body_flops(self.attrs.body)
-        reps = getattr(self, "_seq_len", 1) * getattr(self, "_batch", 1)
+        reps = self._seq_len * self._batch
         return flops * reps, moved * reps
 
     def grad(self, g):

@@ -21,7 +21,7 @@ __all__ = ["Report"]
 
 
 def _pipeline(p) -> dict | None:
-    """The cycle table of one pipeline run (``device.cost.PipelineCycles``), None unpipelined."""
+    """The cycle table of one pipeline run (``device.pipeline_cost.PipelineCycles``), None unpipelined."""
     if p is None:
         return None
     info = p.info

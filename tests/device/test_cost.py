@@ -10,10 +10,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from popart_backend.device.analysis import analyse
-from popart_backend.device.cost import BatchInfo, compute_cycles
+from popart_backend.device.cost import compute_cycles
 from popart_backend.device.manager import DeviceManager
 from popart_backend.device.op_cost import op_cycles
 from popart_backend.device.spec import IpuSpec
+from popart_backend.device.transfers import BatchInfo
 from popart_backend.errors import popart_exception
 from popart_backend.importer.onnx_model import import_model
 from popart_backend.ir.op import ExecutionContext

@@ -18,7 +18,8 @@ import pytest
 
 import popart_backend as popart
 from popart_backend.device.analysis import analyse
-from popart_backend.device.cost import BatchInfo, collective_replicas
+from popart_backend.device.cost import collective_replicas
+from popart_backend.device.transfers import BatchInfo
 from popart_backend.ir.op import ExecutionContext
 
 NORMAL = ExecutionContext.Normal

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from popart_backend.device.cost import BatchInfo, compute_cycles
+from popart_backend.device.cost import compute_cycles
 from popart_backend.device.io_overlap import HostIO, HostStream, overlap_io
 from popart_backend.device.memory import IO_BUFFERS, IoBuffer, check_fits, compute_memory
 from popart_backend.device.spec import IpuSpec
+from popart_backend.device.transfers import BatchInfo
 from popart_backend.errors import OutOfMemoryException, popart_exception
 from popart_backend.importer.onnx_model import import_model
 from popart_backend.options.checks import check_io_options

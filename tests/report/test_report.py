@@ -12,9 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from popart_backend.dataflow import AnchorReturnType, DataFlow
 from popart_backend.device.analysis import analyse
-from popart_backend.device.cost import BatchInfo
 from popart_backend.device.lower import lower
 from popart_backend.device.manager import DeviceManager
+from popart_backend.device.transfers import BatchInfo
 from popart_backend.importer.onnx_model import import_model
 from popart_backend.options.session_options import SessionOptions
 from popart_backend.report import (
