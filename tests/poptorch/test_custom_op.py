@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import popart_backend as popart
+import popart_backend.custom as custom
 import poptorch_lite as poptorch
-from popart_backend.custom import registration as custom
 from popart_backend.custom.api import GradOp, GradOpInType, Op
 from popart_backend.custom.registration import register_grad_op, register_op
 from poptorch_lite.testing import assert_allclose

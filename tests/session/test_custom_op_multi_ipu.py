@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 import popart_backend as popart
-from popart_backend.custom import registration as custom
-from popart_backend.custom.api import GradOp, GradOpInType, Op
+from popart_backend.custom.api import _CUSTOM, GradOp, GradOpInType, Op
 from popart_backend.custom.registration import register_grad_op, register_op
 from popart_backend.ops import registry
 
@@ -19,7 +18,7 @@ D, MB = 4, 2
 @pytest.fixture(autouse=True)
 def cube_op():
     saved = {key: dict(table) for key, table in registry._REGISTRY.items()}
-    saved_custom = dict(custom._CUSTOM)
+    saved_custom = dict(_CUSTOM)
 
     @register_op(CUBE)
     class Cube(Op):
@@ -52,8 +51,8 @@ def cube_op():
     yield
     registry._REGISTRY.clear()
     registry._REGISTRY.update(saved)
-    custom._CUSTOM.clear()
-    custom._CUSTOM.update(saved_custom)
+    _CUSTOM.clear()
+    _CUSTOM.update(saved_custom)
 
 
 def _model(weights, placed: bool):

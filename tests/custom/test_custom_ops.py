@@ -15,24 +15,24 @@ import torch
 from onnx import TensorProto, helper
 
 import popart_backend as popart
-from popart_backend.custom import registration as custom
-from popart_backend.custom.api import GradOp, GradOpInType, Op
+import popart_backend.custom as custom
+from popart_backend.custom.api import _CUSTOM, GradOp, GradOpInType, Op
 from popart_backend.custom.registration import register_grad_op, register_op
 from popart_backend.ops import registry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOMAIN = "test.custom"
 
 
 @pytest.fixture(autouse=True)
 def clean_registry():
     saved = {key: dict(table) for key, table in registry._REGISTRY.items()}
-    saved_custom = dict(custom._CUSTOM)
+    saved_custom = dict(_CUSTOM)
     yield
     registry._REGISTRY.clear()
     registry._REGISTRY.update(saved)
-    custom._CUSTOM.clear()
-    custom._CUSTOM.update(saved_custom)
+    _CUSTOM.clear()
+    _CUSTOM.update(saved_custom)
 
 
 def opid(name: str, version: int = 1):

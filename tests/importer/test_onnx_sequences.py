@@ -76,7 +76,7 @@ def test_non_constant_position_is_rejected():
 
 
 def test_sequence_graph_output_is_its_elements():
-    """A sequence graph output is anchored as its elements s[0], ... (tests/test_sequence_io.py
+    """A sequence graph output is anchored as its elements s[0], ... (tests/importer/test_sequence_io.py
     runs such models through sessions)."""
     nodes = [helper.make_node("SplitToSequence", ["x"], ["s"], axis=0)]
     model = _model(nodes, [X], [helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)])
