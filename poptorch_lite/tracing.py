@@ -20,6 +20,7 @@ import dataclasses
 import inspect
 import io
 import logging
+import traceback
 import warnings
 from typing import Any
 
@@ -31,8 +32,8 @@ from onnx import helper
 from torch.export.graph_signature import InputKind, TensorArgument
 from torch.utils import _pytree as pytree
 
-from . import blocks, ops, translations
-from .errors import Error, location_from_stack_trace
+from . import blocks, buffers, ops, translations
+from .errors import Error, is_library_file, location_from_stack_trace
 
 __all__ = ["TracedModel", "InputSignature", "trace", "unsupported_nodes"]
 
@@ -152,6 +153,9 @@ class TracedModel:
     param_map: dict[str, str]  # ONNX initializer name -> parameter/buffer FQN
     node_locations: dict[str, str]  # ONNX node name -> user file:line
     exporter: str
+    # FQNs of the buffers forward updates in place (CopyVarUpdate nodes; BatchNorm's running
+    # statistics, which the backend updates itself, are not listed)
+    updated_buffers: tuple[str, ...] = ()
 
 
 def _model_state_names(model: torch.nn.Module) -> dict[str, str]:
@@ -263,11 +267,13 @@ def trace(model: torch.nn.Module, leaves: list, signature: InputSignature, divis
 
 
 def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedModel:
+    mutations = buffers.Mutations.of(model)
     with _quiet_export(), fx_traceback.preserve_node_meta(), blocks.tracing_blocks(), \
-            _cached_torchlib_registry():
+            _cached_torchlib_registry(), buffers.capture_mutations(mutations):
         try:
             ep = torch.export.export(model, args, kwargs, strict=False)
         except Exception as exc:  # every export failure is reported with the hint below
+            _refuse_unsupported_loss(exc, excludes)
             raise Error(
                 f"torch.export could not capture the model: {type(exc).__name__}: "
                 f"{_first_lines(str(exc), 12)}\nData-dependent Python (.item(), int(t), "
@@ -278,6 +284,7 @@ def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedMod
                                     custom_translation_table={
                                         **translations.translation_table(),
                                         **ops.translation_table()})
+    buffers.check_assignments(mutations)
     proto = program.model_proto
     decomposed = getattr(program, "exported_program", None) or ep
     fx_custom = {n.name: dict(n.meta.get("custom") or {}) for n in decomposed.graph.nodes}
@@ -293,6 +300,7 @@ def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedMod
         elif init.name in placeholder_to_fqn:
             param_map[init.name] = state_names.get(placeholder_to_fqn[init.name],
                                                    placeholder_to_fqn[init.name])
+    _constants_as_nodes(proto, param_map)
 
     # User inputs: the ONNX graph inputs follow ep's user inputs, which follow the leaves
     # that are tensors (non-tensor leaves are specialised into the graph).
@@ -314,6 +322,8 @@ def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedMod
         tensor_index += 1
         input_names.append(name if name in graph_inputs else None)
 
+    updated = buffers.add_buffer_updates(proto, decomposed, mutations, param_map, model,
+                                         state_names)
     output_names = [o.name for o in proto.graph.output]
     out_spec = ep.call_spec.out_spec
     user_outputs = list(sig.user_outputs)
@@ -328,7 +338,7 @@ def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedMod
             position += 1
     node_locations = _annotate_nodes(proto, fx_custom, excludes)
     return TracedModel(proto, signature, input_names, output_names, out_spec, output_constants,
-                       sources, param_map, node_locations, "dynamo")
+                       sources, param_map, node_locations, "dynamo", updated)
 
 
 def _export_torchscript(model, args, kwargs, micro, signature) -> TracedModel:
@@ -346,9 +356,15 @@ def _export_torchscript(model, args, kwargs, micro, signature) -> TracedModel:
                     if isinstance(leaf, torch.Tensor)]
     buffer = io.BytesIO()
     with _quiet_export():
-        torch.onnx.export(model, args, buffer, kwargs=kwargs or None, dynamo=False,
-                          opset_version=OPSET, input_names=input_names,
-                          output_names=output_names, do_constant_folding=False)
+        try:
+            torch.onnx.export(model, args, buffer, kwargs=kwargs or None, dynamo=False,
+                              opset_version=OPSET, input_names=input_names,
+                              output_names=output_names, do_constant_folding=False)
+        except Exception as exc:  # e.g. "Unsupported: ONNX does not support label_smoothing"
+            raise Error(f"the legacy TorchScript exporter could not export the model: "
+                        f"{type(exc).__name__}: {_first_lines(str(exc), 12)}\nThe default "
+                        f"exporter (Options.Jit.exporter('dynamo')) may support it.",
+                        type="trace_error") from exc
     proto = onnx.load_from_string(buffer.getvalue())
     state_names = _model_state_names(model)
     param_map = {i.name: state_names[i.name] for i in proto.graph.initializer
@@ -368,6 +384,60 @@ def _export_torchscript(model, args, kwargs, micro, signature) -> TracedModel:
             sources.append(None)
     return TracedModel(proto, signature, in_names, output_names, out_spec, constants, sources,
                        param_map, {}, "torchscript")
+
+
+# aten ops torch.export cannot capture (their output shape depends on the data) that are
+# losses of spec §2.8: refused by name rather than with the generic data-dependence hint.
+_UNSUPPORTED_LOSSES = {"aten._ctc_loss": "F.ctc_loss / nn.CTCLoss"}
+
+
+def _refuse_unsupported_loss(exc: Exception, excludes) -> None:
+    text = str(exc)
+    for aten, torch_name in _UNSUPPORTED_LOSSES.items():
+        if aten in text:
+            location = _user_frame(exc, excludes)
+            raise Error(f"{torch_name} is not supported on the IPU by poptorch_lite: "
+                        f"torch.export cannot capture {aten} (its output shapes depend "
+                        f"on the data). Compute the loss outside the model.",
+                        type="unsupported_op", location=location) from exc
+
+
+def _user_frame(exc: BaseException, excludes) -> str:
+    """``file:line (code)`` of the innermost user frame in ``exc``'s traceback or its causes."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+            if not frame.filename.startswith("<") and not is_library_file(frame.filename,
+                                                                          excludes):
+                code = (frame.line or "").strip()
+                return f"{frame.filename}:{frame.lineno}" + (f" ({code})" if code else "")
+        exc = exc.__cause__ or exc.__context__
+    return ""
+
+
+def _constants_as_nodes(proto: onnx.ModelProto, param_map: dict[str, str]) -> None:
+    """Initializers that are no parameter or buffer become ``Constant`` nodes.
+
+    torch.export lifts tensor constants (e.g. a loss's ``weight=`` / ``pos_weight=`` tensor
+    made outside the module) into initializers, and the backend trains every float
+    initializer: left as initializers, they would be updated by the optimizer.
+    """
+    constants = [init for init in proto.graph.initializer if init.name not in param_map]
+    if not constants:
+        return
+    names = {init.name for init in constants}
+    nodes = [helper.make_node("Constant", [], [init.name], name=f"constant/{init.name}",
+                              value=init) for init in constants]
+    kept = [init for init in proto.graph.initializer if init.name not in names]
+    del proto.graph.initializer[:]
+    proto.graph.initializer.extend(kept)
+    inputs = [i for i in proto.graph.input if i.name not in names]
+    del proto.graph.input[:]
+    proto.graph.input.extend(inputs)
+    existing = list(proto.graph.node)
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes + existing)
 
 
 def _first_lines(text: str, count: int) -> str:

@@ -26,12 +26,13 @@ from ..dtypes import DataType
 from ..errors import ModelError, ShapeError, UnsupportedOpError
 from ..ir.ir import Ir
 from ..ir.op import OpSettings, RecomputeType
-from ..ir.tensor import TensorInfo, TensorKind
+from ..ir.tensor import TensorInfo, TensorKind, TensorRole
 from ..ops.control_flow import Body, SubgraphOp
 from ..ops.fused import FUSED_DOMAIN
 from ..ops.registry import (
     AI_ONNX,
     const_input_positions,
+    modified_input_positions,
     create_op,
     find,
     make_attrs,
@@ -233,14 +234,19 @@ def import_model(
     ir.value_io = ValueIO()  # sequence / optional graph inputs and outputs (importer/sequences.py)
     initializer_names = set()
     weight_uses = _weight_uses(proto.graph, opsets)
+    state = _modified_in_place(proto.graph, opsets)
     for init in proto.graph.initializer:
         value = initializer_value(init, loaded.base_dir)
         info = TensorInfo.of(value)
         # A weight is a float initializer read as data by some op. Integer initializers and
-        # operands only read at compile time (shapes, axes, scales) stay constants.
-        is_weight = info.dtype.is_float and init.name in weight_uses
-        kind = TensorKind.VARIABLE if is_weight and not constant_weights else TensorKind.CONST
-        graph.add_tensor(init.name, info, kind, value)
+        # operands only read at compile time (shapes, axes, scales) stay constants. An
+        # initializer some op writes in place (CopyVarUpdate) is state: a variable of any
+        # dtype, even with constant weights.
+        is_weight = info.dtype.is_float and init.name in weight_uses and not constant_weights
+        kind = TensorKind.VARIABLE if is_weight or init.name in state else TensorKind.CONST
+        tensor = graph.add_tensor(init.name, info, kind, value)
+        if init.name in state:
+            tensor.role = TensorRole.RUNNING_STAT  # state the graph updates: never trained
         initializer_names.add(init.name)
     for value_info in proto.graph.input:
         if value_info.name in initializer_names:
@@ -447,6 +453,16 @@ class _Scope:
             identity = create_op("Identity", settings=settings, where=where)
             self.graph.add_op(identity, [name], [out])
             try_fold(self.graph, identity)
+
+
+def _modified_in_place(graph: onnx.GraphProto, opsets: dict[str, int]) -> set[str]:
+    """Names some node of the main graph writes in place (its op's ``modifies_inputs``)."""
+    modified = set()
+    for node in graph.node:
+        domain = normalize_domain(node.domain)
+        positions = modified_input_positions(node.op_type, domain, opsets.get(domain, 0))
+        modified.update(node.input[i] for i in positions if i < len(node.input) and node.input[i])
+    return modified
 
 
 def _weight_uses(graph: onnx.GraphProto, opsets: dict[str, int]) -> set[str]:

@@ -73,7 +73,8 @@ class TensorRole(enum.Enum):
     OPTIMIZER_STATE = "optimizer_state"
     ACCUMULATOR = "accumulator"
     OPTIMIZER_PARAM = "optimizer_param"  # non-const hyper-parameter, set by the host
-    RUNNING_STAT = "running_stat"  # e.g. BatchNorm running mean/var: variable, not trained
+    # BatchNorm running mean/var, variables a graph op writes in place (CopyVarUpdate): not trained
+    RUNNING_STAT = "running_stat"
     STEP = "step"  # counters
     STASH = "stash"  # pipeline ring buffers and their indices: device-only, no host copy
 

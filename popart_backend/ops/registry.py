@@ -128,6 +128,13 @@ def find(op_type: str, domain: str, opset: int) -> tuple[type[Op], int] | None:
     return (table[max(usable)], max(usable)) if usable else None
 
 
+def modified_input_positions(op_type: str, domain: str, opset: int) -> tuple[int, ...]:
+    """Input positions the op a node would resolve to writes in place (``modifies_inputs``);
+    () if unknown. Never raises, like ``const_input_positions``."""
+    found = find(op_type, domain, opset)
+    return tuple(found[0].modifies_inputs) if found else ()
+
+
 def const_input_positions(op_type: str, domain: str, opset: int) -> tuple[int, ...]:
     """Input positions read at compile time by the op a node would resolve to; () if unknown.
 

@@ -64,6 +64,8 @@ class _Executable:
         self.device_weights = device_weights  # ONNX initializer -> FQN, device-held only
         self.translation = translation  # training: the optimizer as compiled
         self.placement: blocks.Placement | None = None  # stages and IPUs (spec §2.3)
+        # Per module of the model: the buffer names it had when compiled (see check_buffers).
+        self.buffer_layout: list[tuple[str, torch.nn.Module, tuple[str, ...]]] = []
         # Per distinct output name: (name, host shape or None when the anchor array has it
         # already, narrowed dtype or None), built on the first run from the anchor arrays
         # (their sizes are fixed by the compiled session).
@@ -133,6 +135,7 @@ class CompileMixin:
             tracing.check_supported(traced)
             if self._training:
                 self._check_batch_norms()
+            self._check_replicated_buffers(traced)
             bar.update()
             bar.set_postfix_str("build session + prepareDevice")
             placement = self._place(traced)
@@ -141,6 +144,8 @@ class CompileMixin:
             bar.update()
         executable = _Executable(traced, session, divisor, device_weights, translation)
         executable.placement = placement
+        executable.buffer_layout = [(path, m, tuple(m._buffers))
+                                    for path, m in self._user_model.named_modules()]
         self.__dict__["_compile_seconds"] = time.monotonic() - start
         _log.info("compiled the %s model in %.2f s", kind, self._compile_seconds)
         if not self._offline():
@@ -263,7 +268,8 @@ class CompileMixin:
     def _build_training_session(self, traced, data_flow, device, session_options):
         loss_id = find_loss(traced)
         translation = optimizer_translation.translate(
-            self._optimizer, self._user_model, traced.param_map, self._running_stat_names())
+            self._optimizer, self._user_model, traced.param_map,
+            self._running_stat_names() | set(traced.updated_buffers))
         session = popart.TrainingSession(traced.proto, data_flow, loss_id, translation.backend,
                                          device, userOptions=session_options,
                                          name=self._options.model_name or "training")
@@ -281,6 +287,21 @@ class CompileMixin:
                 raise Error(f"BatchNorm '{name}' has momentum=None (cumulative moving average), "
                             f"which the device does not implement; give it a momentum "
                             f"(torch's default is 0.1).")
+
+    def _check_replicated_buffers(self, traced: tracing.TracedModel) -> None:
+        """Replicated training with buffers updated in place needs broadcastBuffers(False):
+        each replica then keeps its own copy and the host reads replica 0's (P66)."""
+        replicas = self._options.replication_factor
+        if not self._training or replicas == 1 or not self._options.broadcast_buffers:
+            return
+        mutated = sorted(self._running_stat_names()) + list(traced.updated_buffers)
+        if mutated:
+            raise Error(
+                f"replicationFactor({replicas}) in training with buffers updated in place "
+                f"({', '.join(repr(m) for m in mutated[:4])}"
+                f"{', ...' if len(mutated) > 4 else ''}): broadcasting buffers from replica 0 "
+                f"is not supported. Set Options.broadcastBuffers(False) to let each replica keep "
+                f"its own copy (the host then reads replica 0's).")
 
     def _running_stat_names(self) -> set[str]:
         names = set()
@@ -307,6 +328,25 @@ class CompileMixin:
         return held
 
 
+def check_buffers(executable: _Executable) -> None:
+    """Raise Error when the model's buffers were registered or removed after compiling (P65):
+    the compiled executable would silently ignore the change."""
+    for path, module, names in executable.buffer_layout:
+        current = tuple(module._buffers)
+        if current != names:
+            added = [n for n in current if n not in names]
+            removed = [n for n in names if n not in current]
+            prefix = f"{path}." if path else ""
+            change = "; ".join(
+                [f"registered {', '.join(repr(prefix + n) for n in added)}"] * bool(added)
+                + [f"removed {', '.join(repr(prefix + n) for n in removed)}"] * bool(removed))
+            raise Error(
+                f"The model's buffers changed after it was compiled ({change}); the compiled "
+                f"model cannot see the change. Register buffers in __init__, before the first "
+                f"call, or wrap the changed model in a new wrapper (destroy() this one first).",
+                type="buffer_changed")
+
+
 def _diff(old: tracing.InputSignature, new: tracing.InputSignature) -> str:
     if str(old.treedef) != str(new.treedef):
         return f"structure {old.treedef} became {new.treedef}"
@@ -324,7 +364,7 @@ def find_loss(traced: tracing.TracedModel) -> str:
     outputs = list(dict.fromkeys(traced.output_names))
     marked = [o for o in outputs if o in producers and producers[o].op_type == "IdentityLoss"]
     if len(marked) == 1:
-        return marked[0]
+        return _seeded_loss(traced.proto, producers[marked[0]])
     shapes = {o.name: o.type.tensor_type for o in traced.proto.graph.output}
     scalars = [o for o in outputs if shapes[o].HasField("shape") and not shapes[o].shape.dim
                and shapes[o].elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
@@ -337,6 +377,27 @@ def find_loss(traced: tracing.TracedModel) -> str:
                     "forward's returned values).")
     raise Error(f"{len(candidates)} independent losses ({', '.join(candidates)}); combine them "
                 f"and wrap the sum in poptorch_lite.identity_loss.")
+
+
+_NO_REDUCTION = 2  # IdentityLoss's reduction attribute: 0 sum, 1 mean, 2 none
+
+
+def _seeded_loss(proto: onnx.ModelProto, node: onnx.NodeProto) -> str:
+    """The session loss for the final IdentityLoss ``node``: its output, or for reduction
+    "none" (P58: backward seeds ones of x's shape; the backend starts from a scalar) an added
+    ``IdentityLoss(x, sum)`` beside it, whose gradient with respect to x is those ones."""
+    reduction = next((onnx.helper.get_attribute_value(a) for a in node.attribute
+                      if a.name == "reduction"), 1)
+    if reduction != _NO_REDUCTION:
+        return node.output[0]
+    seed = f"{node.output[0]}/backward_seed"
+    if not any(seed in n.output for n in proto.graph.node):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        attrs["reduction"] = 0
+        proto.graph.node.append(onnx.helper.make_node(
+            "IdentityLoss", [node.input[0]], [seed], name=f"{node.name}/backward_seed",
+            domain=node.domain, **attrs))
+    return seed
 
 
 def backend_error(exc: Exception, traced: tracing.TracedModel) -> Error:

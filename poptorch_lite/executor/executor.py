@@ -38,13 +38,14 @@ from .compilation import (
     CompileMixin,
     _Executable,
 )
+from .introspection import IntrospectionMixin
 from .running import RunMixin
 from .state_sync import StateSyncMixin
 
 __all__ = ["PoplarExecutor", "inferenceModel", "ipu_model", "trainingModel"]
 
 
-class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin):
+class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin, IntrospectionMixin):
     """A module compiled for the simulated IPU; use like the module (``wrapper(x)``)."""
 
     def __init__(self, model: torch.nn.Module, options: Options | None, training: bool,
@@ -265,7 +266,8 @@ class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin):
 # The members the mixins give the wrapper: like its class's own, they are set on the wrapper,
 # not forwarded to the user model.
 _MIXIN_MEMBERS = frozenset().union(*(vars(mixin) for mixin in (CompileMixin, RunMixin,
-                                                                 StateSyncMixin)))
+                                                                 StateSyncMixin,
+                                                                 IntrospectionMixin)))
 
 
 def inferenceModel(model: torch.nn.Module,  # noqa: N802 - PopTorch's name

@@ -18,9 +18,9 @@ from torch.utils import _pytree as pytree
 
 import popart_backend as popart
 
-from ..errors import Error
+from ..errors import Error, user_location
 from ..options.enums import CommGroupType
-from .compilation import _Executable, backend_error
+from .compilation import _Executable, backend_error, check_buffers
 
 _NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
 
@@ -57,6 +57,9 @@ class RunMixin:
                     self._warn_once("contiguous", f"Input {spec.path} is not contiguous; it "
                                     f"is copied before each call.")
                     leaf = leaf.contiguous()
+                if leaf.dtype is torch.float64:
+                    self._warn_once("float64", f"Input {spec.path} is float64; the IPU has no "
+                                    f"64-bit floats, so it is cast to float32.")
             out.append(leaf)
         return out
 
@@ -79,12 +82,15 @@ class RunMixin:
         self.__dict__["_seen_version"] = link.version
 
     def _run(self, executable: _Executable, leaves):
+        check_buffers(executable)
         self._sync_before_run()
         traced = executable.traced
         inputs = {}
         for leaf, spec, name in zip(leaves, traced.signature.leaves, traced.input_names):
             if name is None:
                 continue
+            if leaf.dtype is torch.int64:
+                _check_int32(leaf, f"Input {spec.path}")
             array = leaf.cpu().numpy()
             if not spec.shape:
                 # 0-d tensors are not sliced: every micro-batch of every replica sees the same
@@ -140,6 +146,8 @@ class RunMixin:
             tensor = torch.from_numpy(anchors[name])
             if shape is not None:
                 tensor = tensor.view(shape)  # initAnchorArrays' arrays are C-contiguous
+            if narrow is torch.int32:
+                _check_int32(tensor, f"Output '{name}' of forward")
             results[name] = tensor if narrow is None else tensor.to(narrow)
         leaves = []
         for index, source in enumerate(traced.output_leaf_sources):
@@ -150,6 +158,25 @@ class RunMixin:
         if traced.output_spec is None:
             return leaves[0] if len(leaves) == 1 else tuple(leaves)
         return pytree.tree_unflatten(leaves, traced.output_spec)
+
+
+_INT32 = torch.iinfo(torch.int32)
+
+
+def _check_int32(tensor: torch.Tensor, what: str) -> None:
+    """An int64 input or output must fit int32, the IPU's integer type (P17): refused rather
+    than wrapped. One min/max pass over the tensor."""
+    if not tensor.numel():
+        return
+    low, high = (int(v) for v in torch.aminmax(tensor))
+    if low >= _INT32.min and high <= _INT32.max:
+        return
+    bad = high if high > _INT32.max else low
+    raise Error(f"{what} (int64) holds {bad}, outside the int32 range [{_INT32.min}, "
+                f"{_INT32.max}]: the IPU computes integers in int32, so it would wrap to "
+                f"{int(torch.tensor(bad).to(torch.int32))}. Keep integer values within int32 "
+                f"(e.g. reduce ids modulo the table size on the host).",
+                location=user_location())
 
 
 class _FastCall:

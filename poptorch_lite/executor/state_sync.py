@@ -183,7 +183,8 @@ class StateSyncMixin:
             return
         translation = optimizer_translation.translate(
             optimizer, self._user_model, executable.traced.param_map,
-            self._running_stat_names(), compiled=executable.translation)
+            self._running_stat_names() | set(executable.traced.updated_buffers),
+            compiled=executable.translation)
         optimizer_translation.check_replacement(executable.translation, translation, optimizer)
         try:
             executable.session.updateOptimizerFromHost(translation.backend)

@@ -21,9 +21,9 @@ __all__ = [
 class OutputMode(enum.IntEnum):
     """Which micro-batches' outputs a call returns (spec §2.4)."""
 
-    All = 0
-    Final = 1
-    EveryN = 2
+    Final = 0  # PopTorch's values
+    EveryN = 1
+    All = 2
     Sum = 3
     Default = 4
 

@@ -13,6 +13,7 @@ Read side (snake_case, for the rest of the frontend): ``Training.gradient_accumu
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from typing import Protocol
@@ -20,6 +21,7 @@ from typing import Protocol
 import torch
 
 from .enums import MeanReductionStrategy, ReductionType
+from .optionsdict import OptionsDictMixin, _Key
 
 __all__ = ["TensorLocationSettings"]
 
@@ -79,7 +81,18 @@ class _Group:
             f"methods (e.g. {name}(...)) instead of assigning '{name}'.")
 
 
-class _Training(_Group):
+class _DictGroup(OptionsDictMixin, _Group):
+    """A group with PopTorch's OptionsDict methods (``set``, ``exists``, ``opts.Training(...)``
+    ...) over its ``_KEYS``; its values stay in the root's dict."""
+
+    def _dict_root(self):
+        return self._root
+
+    def _dict_prefix(self) -> str:
+        return self._prefix
+
+
+class _Training(_DictGroup):
     _prefix = "Training."
 
     def gradientAccumulation(self, gradient_accumulation: int):  # noqa: N802 - PopTorch's name
@@ -122,7 +135,7 @@ class _Training(_Group):
                          _check_type("Training.setConvolutionDithering", enabled, bool))
 
 
-class _Precision(_Group):
+class _Precision(_DictGroup):
     _prefix = "Precision."
 
     def setPartialsType(self, dtype):  # noqa: N802
@@ -179,7 +192,7 @@ class TensorLocationSettings:
         return self._flag("useIOTilesToStore", use)
 
 
-class _TensorLocations(_Group):
+class _TensorLocations(_DictGroup):
     _prefix = "TensorLocations."
 
     def numIOTiles(self, num_tiles: int):  # noqa: N802
@@ -206,7 +219,7 @@ class _TensorLocations(_Group):
         return self._location("accumulatorLocation", settings)
 
 
-class _Distributed(_Group):
+class _Distributed(_DictGroup):
     """Processes of a globally replicated job (P34): each holds ``replicationFactor`` local
     replicas; the job has ``replicationFactor × numProcesses``. Unless configured, the process
     id and count come from the environment: the variables ``setEnvVarNames`` names, else Open
@@ -281,7 +294,7 @@ class _Distributed(_Group):
         return self.processId
 
 
-class _Jit(_Group):
+class _Jit(_DictGroup):
     _prefix = "Jit."
 
     def traceModel(self, trace_model: bool):  # noqa: N802
@@ -307,7 +320,17 @@ class _Jit(_Group):
 
 
 class _Popart(_Group):
+    """PopTorch's ``_PopartOptions``: not an OptionsDict; ``set`` writes ``options``."""
+
     _prefix = "_Popart."
+
+    def checkIsFrozen(self, option: str | None = None) -> None:  # noqa: N802
+        self._root._check_not_frozen(self._prefix + (option or "options"))
+
+    @property
+    def options(self) -> dict:
+        """The SessionOptions values given with ``set`` (a copy)."""
+        return dict(self._get("options"))
 
     def set(self, key: str, value):
         _check_type("_Popart.set", key, str)
@@ -322,3 +345,37 @@ class _Popart(_Group):
     def setEngineOptions(self, engine_options: dict):  # noqa: N802
         return self._set("engineOptions", dict(engine_options))
 
+
+
+_NO_EFFECT_LOGGED: set[str] = set()
+
+
+def _put_ipuof(group, value):
+    """``Distributed.set(ipuof_configs=...)``: stored and read back; IPU-over-fabric configs
+    only address real IPU servers, which is logged once."""
+    _check_type("Distributed.ipuof_configs", value, dict)
+    if value and "ipuof_configs" not in _NO_EFFECT_LOGGED:
+        _NO_EFFECT_LOGGED.add("ipuof_configs")
+        logging.getLogger("poptorch_lite").warning(
+            "Options.Distributed.ipuof_configs: IPU-over-fabric configurations select real IPU "
+            "servers; they have no effect on the simulated IPUs.")
+    return group._set("ipuofConfigs", dict(value))
+
+
+_Training._KEYS = {
+    "gradient_accumulation": _Key(lambda t: t.gradient_accumulation,
+                                  lambda t, v: t.gradientAccumulation(v)),
+    "accumulation_and_replication_reduction_type": _Key(
+        lambda t: t.reduction_type, lambda t, v: t.accumulationAndReplicationReductionType(v)),
+    "meanAccumulationAndReplicationReductionStrategy": _Key(
+        lambda t: t._get("meanAccumulationAndReplicationReductionStrategy"),
+        lambda t, v: t.setMeanAccumulationAndReplicationReductionStrategy(v)),
+}
+
+_Distributed._KEYS = {
+    "num_distributed_processes": _Key(lambda d: d.numProcesses,
+                                      lambda d, v: d.configureProcessId(d.processId, v)),
+    "distributed_process_id": _Key(lambda d: d.processId,
+                                   lambda d, v: d.configureProcessId(v, d.numProcesses)),
+    "ipuof_configs": _Key(lambda d: dict(d._get("ipuofConfigs")), _put_ipuof),
+}

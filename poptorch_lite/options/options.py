@@ -32,6 +32,8 @@ from .enums import (
     SyncPattern,
 )
 from .files import _apply_call, _from_plain, _to_plain
+from .logs import setLogLevel
+from .optionsdict import OptionsDictMixin, _Key
 from .groups import (
     _check_type,
     _Distributed,
@@ -47,10 +49,6 @@ __all__ = ["Options"]
 
 _log = logging.getLogger("poptorch_lite")
 
-_LOG_LEVELS = {"OFF": logging.CRITICAL + 10, "ERR": logging.ERROR, "WARN": logging.WARNING,
-               "INFO": logging.INFO, "DEBUG": logging.DEBUG, "TRACE": logging.DEBUG,
-               "TRACE_ALL": logging.DEBUG}
-
 
 _DEFAULTS = {
     "deviceIterations": 1,
@@ -61,7 +59,7 @@ _DEFAULTS = {
     "anchoredTensors": {},
     "randomSeed": None,
     "executableCachePath": os.environ.get("POPTORCH_CACHE_DIR") or None,
-    "useIpuModel": os.environ.get("POPTORCH_IPU_MODEL") == "1",
+    "useIpuModel": True if os.environ.get("POPTORCH_IPU_MODEL") == "1" else None,  # None: unset
     "ipuId": None,
     "offlineIpuVersion": None,
     "connectionType": ConnectionType.Always,
@@ -97,10 +95,12 @@ _DEFAULTS = {
     "Distributed.envProcessId": None,
     "Jit.exporter": "dynamo",
     "_Popart.options": {},
+    "Distributed.ipuofConfigs": {},
+    "createdOptions": {},  # createOrSet keys no code reads: "key" or "Group.key" -> value
 }
 
 
-class Options:
+class Options(OptionsDictMixin):
     """Options of a wrapper or DataLoader: ``Options().deviceIterations(4).randomSeed(0)``.
 
     Users write through PopTorch's camelCase setters. The rest of the frontend reads through
@@ -115,6 +115,10 @@ class Options:
       ``show_compilation_progress_bar``, ``source_location_excludes``;
     - in the groups: ``Training.gradient_accumulation``, ``Training.reduction_type``,
       ``Distributed.process_id_and_count`` and ``Jit.exporter_name``.
+
+    Users may also read and write values by PopTorch's keys (``opts.log_dir``,
+    ``opts.set(replication_factor=2)``, ``opts("random_seed")``): ``Options._KEYS``, at the end
+    of this module, maps each key to its setter (``optionsdict.py``).
     """
 
     def __init__(self):
@@ -129,9 +133,6 @@ class Options:
         defaults = os.environ.get("POPTORCH_DEFAULT_OPTIONS")
         if defaults:
             self.from_json(defaults)
-        level = os.environ.get("POPTORCH_LOG_LEVEL")
-        if level:
-            self.setLogLevel(level)
 
     # --- freezing, copying, printing --------------------------------------------------------
 
@@ -256,6 +257,11 @@ class Options:
     def output_return_period(self) -> int:
         return self._values["outputReturnPeriod"]
 
+    def defaultOutputMode(self) -> bool:  # noqa: N802
+        """True while ``outputMode`` was left at ``OutputMode.Default`` (the wrapper then picks
+        Final for training, All for inference)."""
+        return self.output_mode is OutputMode.Default
+
     def anchorTensor(self, short_name: str, long_name: str, output_mode=None,  # noqa: N802
                      output_return_period: int = 1):
         _check_type("anchorTensor", short_name, str)
@@ -315,7 +321,7 @@ class Options:
 
     @property
     def use_ipu_model(self) -> bool:
-        return self._values["useIpuModel"]
+        return bool(self._values["useIpuModel"])
 
     @property
     def ipu_id(self) -> int | None:
@@ -357,6 +363,10 @@ class Options:
     def broadcastBuffers(self, broadcast_buffers: bool = True):  # noqa: N802
         return self._set("broadcastBuffers",
                          _check_type("broadcastBuffers", broadcast_buffers, bool))
+
+    @property
+    def broadcast_buffers(self) -> bool:
+        return self._values["broadcastBuffers"]
 
     def logDir(self, log_dir: str):  # noqa: N802
         return self._set("logDir", _check_type("logDir", log_dir, str))
@@ -423,14 +433,9 @@ class Options:
         return tuple(self._values["sourceLocationExcludes"])
 
     def setLogLevel(self, level):  # noqa: N802
-        """OFF, ERR, WARN, INFO, DEBUG, TRACE or TRACE_ALL (or a logging level int)."""
-        if isinstance(level, str):
-            if level.upper() not in _LOG_LEVELS:
-                raise ValueError(f"Options.setLogLevel: unknown level {level!r}; expected one of "
-                                 f"{sorted(_LOG_LEVELS)}.")
-            level = _LOG_LEVELS[level.upper()]
-        _check_type("setLogLevel", level, int)
-        logging.getLogger("poptorch_lite").setLevel(level)
+        """(lite) ``poptorch_lite.setLogLevel(level)`` as a chainable setter: it sets the
+        frontend's console level, which is process-wide, not part of these options."""
+        setLogLevel(level)
         return self
 
     # --- files and JSON ------------------------------------------------------------------------
@@ -484,6 +489,11 @@ class Options:
                 self.Training.reduction_type.name]
             opts.meanAccumulationAndReplicationReductionStrategy = popart.MeanReductionStrategy[
                 self._values["Training.meanAccumulationAndReplicationReductionStrategy"].name]
+        # logCycleCount: the session counts the cycles of each run, read by cycleCount().
+        if self._values["logCycleCount"] and self.use_ipu_model:
+            raise Error("Options.logCycleCount(True): the IPU Model (useIpuModel) has no cycle "
+                        "counter; use the simulated IPU (useIpuModel(False)).")
+        opts.instrumentWithHardwareCycleCounter = self._values["logCycleCount"]
         if self._values["enableSyntheticData"]:
             opts.syntheticDataMode = popart.SyntheticDataMode.RandomNormal
         self._replication_to_backend(opts)
@@ -492,8 +502,10 @@ class Options:
                 raise Error(f"Options._Popart.set({key!r}, ...): popart_backend.SessionOptions "
                             f"has no option {key!r}; check the spelling.")
             setattr(opts, key, value)
+        # The execution report is always on: getPerfCounters() and the latencies read the
+        # simulated timeline from it, as PopTorch's perf counters are always recorded.
+        opts.engineOptions = {**opts.engineOptions, "autoReport.all": "true"}
         return opts
-
 
     def _replication_to_backend(self, opts: popart.SessionOptions) -> None:
         """Local replicas, and global replication when several processes run (spec §5.3)."""
@@ -507,3 +519,50 @@ class Options:
             opts.globalReplicationFactor = replicas * processes
             opts.globalReplicaOffset = process_id * replicas
 
+
+
+def _setter(method: str, *keep):
+    """A ``_Key.put`` calling ``method`` with the value (and the current values of ``keep``)."""
+    return lambda o, v: getattr(o, method)(v, *(k(o) for k in keep))
+
+
+def _unset(key: str):
+    return lambda o: o._set(key, None)
+
+
+def _is_set(key: str):
+    return lambda o: o._values[key] is not None
+
+
+Options._KEYS = {
+    "replication_factor": _Key(lambda o: o.replication_factor, _setter("replicationFactor")),
+    "input_group_size": _Key(lambda o: o.input_replica_grouping[0],
+                             lambda o, v: o.inputReplicaGrouping(v, o.input_replica_grouping[1])),
+    "input_cgt": _Key(lambda o: o.input_replica_grouping[1],
+                      lambda o, v: o.inputReplicaGrouping(o.input_replica_grouping[0], v)),
+    "broadcast_buffers": _Key(lambda o: o._values["broadcastBuffers"],
+                              _setter("broadcastBuffers")),
+    "device_iterations": _Key(lambda o: o.device_iterations, _setter("deviceIterations")),
+    "log_dir": _Key(lambda o: o._values["logDir"], _setter("logDir")),
+    "max_repeat_logs": _Key(lambda o: o._values["maxRepeatLogs"], _setter("maxRepeatLogs")),
+    "auto_round_num_ipus": _Key(lambda o: o.auto_round_num_ipus, _setter("autoRoundNumIPUs")),
+    "anchored_tensors": _Key(lambda o: dict(o._values["anchoredTensors"])),  # anchorTensor()
+    "output_mode": _Key(lambda o: o.output_mode,
+                        lambda o, v: o.outputMode(v, o.output_return_period
+                                                  if v is OutputMode.EveryN else None)),
+    "output_return_period": _Key(lambda o: o.output_return_period,
+                                 lambda o, v: o.outputMode(o.output_mode, v)),
+    "connection_type": _Key(lambda o: o.connection_type, _setter("connectionType")),
+    "sync_pattern": _Key(lambda o: o.sync_pattern, _setter("syncPattern")),
+    "available_memory_proportion": _Key(lambda o: dict(o._values["availableMemoryProportion"]),
+                                        _setter("setAvailableMemoryProportion")),
+    "model_name": _Key(lambda o: o.model_name, _setter("modelName"), _is_set("modelName"),
+                       _unset("modelName")),
+    "use_model": _Key(lambda o: o.use_ipu_model, _setter("useIpuModel"), _is_set("useIpuModel"),
+                      _unset("useIpuModel")),
+    "ipu_id": _Key(lambda o: o.ipu_id, _setter("useIpuId"), _is_set("ipuId"), _unset("ipuId")),
+    "ipu_version": _Key(lambda o: o.offline_ipu_version, _setter("useOfflineIpuTarget"),
+                        _is_set("offlineIpuVersion"), _unset("offlineIpuVersion")),
+    "random_seed": _Key(lambda o: o.random_seed, _setter("randomSeed"), _is_set("randomSeed"),
+                        _unset("randomSeed")),
+}
