@@ -359,7 +359,7 @@ def render_markdown() -> str:
         "",
         "A model with ai.onnx opset V resolves each node to the highest listed version <= V;",
         "with `strictOpVersions` (the default) that version must be the one ONNX opset V defines",
-        "(spec §6.4). `popart.getSupportedOperations(includeInternal)` returns the same list;",
+        "(as in PopART). `popart.getSupportedOperations(includeInternal)` returns the same list;",
         "internal ops (gradients, fused kernels, optimizer updates, IPU copies, stashes,",
         "collectives the replication passes insert) are created by passes and cannot appear",
         "in a model, so they are listed by name only.",

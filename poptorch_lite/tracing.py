@@ -131,8 +131,8 @@ def check_combined_batch(signature: InputSignature, options) -> int:
                 f"input {leaf.path}: batch dimension {leaf.shape[0]} is not a multiple of "
                 f"deviceIterations({n}) × replicationFactor({r})/input_group_size({group}) × "
                 f"gradientAccumulation({g}) = {factor}. Each call takes micro-batch × "
-                f"deviceIterations × replicas × gradientAccumulation samples in dim 0 (spec "
-                f"§2.4): pass {factor}·B rows, e.g. with poptorch_lite.DataLoader(options, ...).")
+                f"deviceIterations × replicas × gradientAccumulation samples in dim 0: "
+                f"pass {factor}·B rows, e.g. with poptorch_lite.DataLoader(options, ...).")
     return factor
 
 

@@ -313,9 +313,7 @@ def check_buildable(options: SessionOptions, training: bool) -> None:
             part = next((p for p in _PENDING_PARTS if f".{p}" in diff.split(" = ")[0]), None)
             state = _PENDING_PARTS[part] if part is not None else status
             if state.state is BuildState.PENDING:
-                plan = (f"to be built by issue #{state.issue}" if state.issue is not None
-                        else "not built yet")
-                offending.append(f"  - {diff}: {state.note}, {plan}")
+                offending.append(f"  - {diff}: {state.note}, not built yet")
             elif state.state is BuildState.NO_EFFECT:
                 _log.warning(
                     "SessionOptions.%s has no effect in the simulator: %s.", diff, state.note

@@ -165,7 +165,7 @@ class ShardVariables:
                         f"Accumulator '{accum}' is sharded over {_domain(sharding.domain)} but "
                         f"weight '{weight_id}' and its optimizer state over "
                         f"{_domain(plan[weight_id].domain)}; the tensors of one optimizer "
-                        f"instance must share a sharding domain (spec §10.4)."
+                        f"instance must share a sharding domain."
                     )
                 plan[accum] = sharding
         for tid in wanted:
@@ -198,7 +198,7 @@ class ShardVariables:
             listed = ", ".join(f"'{t}' {_domain(wanted[t])}" for t in ids)
             raise popart_exception(
                 f"The tensors of {what} ask for different sharding domains: {listed}; the "
-                f"tensors of one optimizer instance must share a sharding domain (spec §10.4). "
+                f"tensors of one optimizer instance must share a sharding domain. "
                 f"Give the weight and optimizer-state settings the same shardingDomain."
             )
         domain = wanted[ids[0]]

@@ -83,8 +83,8 @@ class AssignVirtualGraphs:
             return changed
         if mode is VirtualGraphMode.ExecutionPhases:
             raise NotImplementedOptionError(
-                "virtualGraphMode = VirtualGraphMode.ExecutionPhases is not built yet: execution "
-                "phases are modelled by issue #6. Use VirtualGraphMode.Manual or Auto."
+                "virtualGraphMode = VirtualGraphMode.ExecutionPhases is not built yet: the simulated "
+                "IPU does not model execution phases. Use VirtualGraphMode.Manual or Auto."
             )
         if mode is VirtualGraphMode.Manual:
             self._check_manual(order)
