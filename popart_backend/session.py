@@ -38,7 +38,8 @@ from .options.checks import check_buildable, check_io_options
 from .options.enums import DotCheck, SyntheticDataMode
 from .options.patterns import Patterns
 from .options.session_options import SessionOptions
-from .report import PROFILING_DISABLED, Report, profiling_enabled, summary_text
+from .report import (PROFILING_DISABLED, Report, profiling_enabled, report_directory,
+                     summary_text, write_auto_report)
 from .tensorinfo import InputShapeInfo, TensorInfo, input_settings_from_model
 from .transforms.pipeline import inference_passes, run_passes, training_passes
 
@@ -46,6 +47,7 @@ __all__ = ["InferenceSession", "TrainingSession"]
 
 _log = logging.getLogger("popart:session")
 _TRACE = 5  # PopART's TRACE level (popart_backend.logging.TRACE)
+_LOGGED: set[str] = set()
 
 _SYNTHETIC = {
     SyntheticDataMode.Off: "off",
@@ -89,6 +91,10 @@ class SessionBase:
                 f"{type(self).__name__}: patterns must be a Patterns or None, not "
                 f"{type(patterns).__name__}."
             )
+        if patterns != Patterns() and "patterns" not in _LOGGED:
+            _LOGGED.add("patterns")  # once per process, as NO_EFFECT options (checks.py)
+            _log.warning("Patterns have no effect on the simulated IPU: its passes do not "
+                         "consult them (same IR, numbers, memory and cycles with any set).")
         check_buildable(userOptions, self._training)
         self._check_mode_options(userOptions)
         self.name = name
@@ -254,6 +260,7 @@ class SessionBase:
                 self._device_model.check_fits(summary_text(self._device_model))
                 progress.step(steps)
             self._device = device
+            self._write_auto_report()
         if loadEngine:
             self.loadEngineAndConnectStreams()
 
@@ -314,6 +321,14 @@ class SessionBase:
         device.run(stepio)
         self._runs += 1
         self._profiled_runs += 1
+        if self._runs == 1:
+            self._write_auto_report()
+
+    def _write_auto_report(self) -> None:
+        """The autoReport files (report/auto.py): after compiling, again after the first run."""
+        directory = report_directory(self._options, self.name)
+        if directory is not None and self._device_model is not None:
+            write_auto_report(self._device_model, self._profiled_runs, directory)
 
     def initAnchorArrays(self) -> dict[str, np.ndarray]:  # noqa: N802
         """Zero-filled numpy arrays of the §4.2 shapes, one per anchor (F29); a list of them for

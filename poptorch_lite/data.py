@@ -23,6 +23,7 @@ import warnings
 
 import torch
 import torch.utils.data
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .errors import Error
 from .options.options import Options
@@ -30,6 +31,14 @@ from .options.options import Options
 __all__ = ["AsynchronousDataAccessor", "DataLoader", "DataLoaderMode"]
 
 _log = logging.getLogger("poptorch_lite")
+_LOGGED: set[str] = set()
+
+
+def _log_no_effect(what: str, why: str) -> None:
+    """Log once per process that an argument has no effect here (WARNING)."""
+    if what not in _LOGGED:
+        _LOGGED.add(what)
+        _log.warning("%s has no effect in poptorch_lite: %s.", what, why)
 
 
 class DataLoaderMode(enum.IntEnum):
@@ -128,6 +137,10 @@ class DataLoader(torch.utils.data.DataLoader):
                 if rebatched > self.combinedBatchSize:
                     raise Error(f"DataLoader: rebatched_worker_size {rebatched} exceeds the "
                                 f"combined batch {self.combinedBatchSize}.")
+                if rebatched != self.combinedBatchSize:
+                    _log_no_effect("DataLoader(rebatched_worker_size=...)",
+                                   "workers load whole combined batches, which yields the same "
+                                   "batches; AsyncRebatched runs as Async")
             self._accessor = AsynchronousDataAccessor(self, **(async_options or {}))
 
     @property
@@ -203,7 +216,13 @@ class AsynchronousDataAccessor:
     """Iterate a DataLoader (or any iterable) on a background thread (P48).
 
     ``buffer_size`` batches are prepared ahead. ``load_indefinitely=True`` restarts the
-    underlying iterable for every epoch. Call ``terminate()`` to stop the worker.
+    underlying iterable for every epoch. ``rebatched_size``: the worker concatenates (and
+    splits) the loaded batches along dim 0 into batches of this many samples; a short rest at
+    the end of an epoch is dropped (logged). Call ``terminate()`` to stop the worker.
+
+    The worker is a thread of this process: ``sharing_strategy`` (how worker processes share
+    tensors) and ``miss_sleep_time_in_ms`` (the wait of a polling consumer; this one blocks on
+    the queue) have no effect and are logged once when given.
     """
 
     def __init__(self, dataset, buffer_size: int = 3, miss_sleep_time_in_ms: float = 0.1,
@@ -218,6 +237,14 @@ class AsynchronousDataAccessor:
         if not isinstance(buffer_size, int) or buffer_size < 1:
             raise ValueError(f"AsynchronousDataAccessor: buffer_size must be >= 1, got "
                              f"{buffer_size!r}.")
+        if sharing_strategy is not None:
+            _log_no_effect("AsynchronousDataAccessor(sharing_strategy=...)",
+                           "the worker is a thread of this process, so tensors are not shared "
+                           "between processes")
+        if miss_sleep_time_in_ms != 0.1:
+            _log_no_effect("AsynchronousDataAccessor(miss_sleep_time_in_ms=...)",
+                           "the consumer blocks on the queue and wakes when a batch arrives")
+        self._rebatched_size = rebatched_size
         self._dataset = dataset
         if isinstance(dataset, DataLoader):
             dataset._in_accessor = True
@@ -231,7 +258,36 @@ class AsynchronousDataAccessor:
             self._start()
 
     def __len__(self) -> int:
-        return len(self._dataset)
+        if self._rebatched_size is None:
+            return len(self._dataset)
+        batch = getattr(self._dataset, "batch_size", None)
+        if batch is None:
+            raise TypeError("AsynchronousDataAccessor: len() with rebatched_size needs a "
+                            "DataLoader with a batch_size.")
+        samples = len(self._dataset) * batch
+        if not getattr(self._dataset, "drop_last", True):  # the last batch may be short
+            samples = min(samples, len(self._dataset.dataset))
+        return samples // self._rebatched_size
+
+    def _epoch(self):
+        """One pass over the dataset, rebatched when ``rebatched_size`` is set."""
+        if self._rebatched_size is None:
+            yield from self._dataset
+            return
+        size, pending, count = self._rebatched_size, [], 0
+        spec = None
+        for item in self._dataset:
+            leaves, spec = tree_flatten(item)
+            pending.append(leaves)
+            count += len(leaves[0])
+            while count >= size:
+                joined = [torch.cat(parts) for parts in zip(*pending)]
+                yield tree_unflatten([leaf[:size] for leaf in joined], spec)
+                count -= size
+                pending = [[leaf[size:] for leaf in joined]] if count else []
+        if count:
+            _log.info("AsynchronousDataAccessor: %d sample(s) at the end of the epoch do not "
+                      "fill a batch of rebatched_size %d; dropped.", count, size)
 
     def _start(self) -> None:
         self._stop.clear()
@@ -248,7 +304,7 @@ class AsynchronousDataAccessor:
         q = self._queue
         try:
             while not self._stop.is_set():
-                for item in self._dataset:
+                for item in self._epoch():
                     if not self._put(q, item):
                         return
                 if not self._put(q, _END) or not self._load_indefinitely:

@@ -156,6 +156,11 @@ class TracedModel:
     # FQNs of the buffers forward updates in place (CopyVarUpdate nodes; BatchNorm's running
     # statistics, which the backend updates itself, are not listed)
     updated_buffers: tuple[str, ...] = ()
+    # In-place updates of forward's own state and inputs (spec §2.10 P65, §2.1 P5):
+    updated_parameters: tuple[str, ...] = ()  # parameter FQNs among updated_buffers
+    # (input leaf index, ONNX output with its new value): read back into the caller's tensor
+    input_updates: tuple[tuple[int, str], ...] = ()
+    mutation_locations: dict[str, str] = dataclasses.field(default_factory=dict)  # FQN/leaf path
 
 
 def _model_state_names(model: torch.nn.Module) -> dict[str, str]:
@@ -274,6 +279,7 @@ def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedMod
             ep = torch.export.export(model, args, kwargs, strict=False)
         except Exception as exc:  # every export failure is reported with the hint below
             _refuse_unsupported_loss(exc, excludes)
+            buffers.refuse_data_updates(exc)
             raise Error(
                 f"torch.export could not capture the model: {type(exc).__name__}: "
                 f"{_first_lines(str(exc), 12)}\nData-dependent Python (.item(), int(t), "
@@ -324,7 +330,20 @@ def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedMod
 
     updated = buffers.add_buffer_updates(proto, decomposed, mutations, param_map, model,
                                          state_names)
-    output_names = [o.name for o in proto.graph.output]
+    output_names = [o.name for o in proto.graph.output][:mutations.user_outputs]
+    leaf_of = {name: index for index, name in enumerate(input_names) if name is not None}
+    input_updates = []
+    for placeholder, output in buffers.add_input_updates(proto, mutations):
+        if placeholder not in leaf_of:
+            raise Error(f"forward updates its input '{placeholder}' in place, but that input "
+                        f"is not a graph input of the exported model.", type="input_mutation")
+        input_updates.append((leaf_of[placeholder], output))
+    locations = buffers.mutation_locations(ep, decomposed, excludes)
+    for placeholder, index in leaf_of.items():
+        if placeholder in locations:
+            locations[signature.leaves[index].path] = locations.pop(placeholder)
+    parameters = tuple(state_names.get(p, p) for p in sorted(mutations.parameters))
+    locations.update({state_names.get(k, k): v for k, v in list(locations.items())})
     out_spec = ep.call_spec.out_spec
     user_outputs = list(sig.user_outputs)
     output_constants, sources = {}, []
@@ -338,7 +357,8 @@ def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedMod
             position += 1
     node_locations = _annotate_nodes(proto, fx_custom, excludes)
     return TracedModel(proto, signature, input_names, output_names, out_spec, output_constants,
-                       sources, param_map, node_locations, "dynamo", updated)
+                       sources, param_map, node_locations, "dynamo", updated, parameters,
+                       tuple(input_updates), locations)
 
 
 def _export_torchscript(model, args, kwargs, micro, signature) -> TracedModel:
@@ -349,22 +369,45 @@ def _export_torchscript(model, args, kwargs, micro, signature) -> TracedModel:
     tensor_leaves = [leaf for leaf, spec in zip(micro, signature.leaves) if spec.is_tensor]
     input_names = [spec.path.replace("[", "_").replace("]", "").replace("'", "")
                    for spec in signature.leaves if spec.is_tensor]
-    with torch.no_grad():
-        result = model(*args, **kwargs)
-    out_leaves, out_spec = pytree.tree_flatten(result)
-    output_names = [f"output_{i}" for i, leaf in enumerate(out_leaves)
-                    if isinstance(leaf, torch.Tensor)]
+    # This exporter runs forward on the real tensors: keep them as they were, and refuse
+    # in-place updates of inputs and parameters, which its graph would drop.
+    watched = {f"input {spec.path}": leaf for leaf, spec in zip(micro, signature.leaves)
+               if spec.is_tensor}
+    watched.update(model.named_parameters(remove_duplicate=False))
+    watched.update(model.named_buffers(remove_duplicate=False))
+    saved = {name: (tensor._version, tensor.detach().clone()) for name, tensor in watched.items()}
     buffer = io.BytesIO()
-    with _quiet_export():
-        try:
+    failure = None
+    try:
+        with torch.no_grad():
+            result = model(*args, **kwargs)
+        out_leaves, out_spec = pytree.tree_flatten(result)
+        output_names = [f"output_{i}" for i, leaf in enumerate(out_leaves)
+                        if isinstance(leaf, torch.Tensor)]
+        with _quiet_export():
             torch.onnx.export(model, args, buffer, kwargs=kwargs or None, dynamo=False,
                               opset_version=OPSET, input_names=input_names,
                               output_names=output_names, do_constant_folding=False)
-        except Exception as exc:  # e.g. "Unsupported: ONNX does not support label_smoothing"
-            raise Error(f"the legacy TorchScript exporter could not export the model: "
-                        f"{type(exc).__name__}: {_first_lines(str(exc), 12)}\nThe default "
-                        f"exporter (Options.Jit.exporter('dynamo')) may support it.",
-                        type="trace_error") from exc
+    except Exception as exc:  # e.g. "Unsupported: ONNX does not support label_smoothing"
+        failure = exc
+    changed = [name for name, (version, _) in saved.items() if watched[name]._version != version]
+    with torch.no_grad():
+        for name in changed:
+            watched[name].copy_(saved[name][1])
+    skip = buffers.batch_norm_statistics(model)
+    updated = [name for name in changed if name not in skip]
+    if updated:
+        raise Error(f"forward updates {', '.join(repr(n) for n in updated)} in place; the "
+                    f"legacy TorchScript exporter (Options.Jit.exporter('torchscript')) cannot "
+                    f"capture in-place updates, so they would be lost. Use the default exporter "
+                    f"(Options.Jit.exporter('dynamo')).", type="trace_error") from failure
+    if isinstance(failure, Error):
+        raise failure
+    if failure is not None:
+        raise Error(f"the legacy TorchScript exporter could not export the model: "
+                    f"{type(failure).__name__}: {_first_lines(str(failure), 12)}\nThe default "
+                    f"exporter (Options.Jit.exporter('dynamo')) may support it.",
+                    type="trace_error") from failure
     proto = onnx.load_from_string(buffer.getvalue())
     state_names = _model_state_names(model)
     param_map = {i.name: state_names[i.name] for i in proto.graph.initializer

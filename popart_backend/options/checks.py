@@ -180,7 +180,9 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     ),
     "compilationProgressLogger": BUILT,  # called during prepareDevice() (progress.py)
     "compilationProgressTotal": BUILT,
-    "engineOptions": BUILT,  # only "autoReport.all" is read; other keys are Poplar tuning
+    # report/auto.py reads "autoReport.all" and "autoReport.directory" (merged with the
+    # POPLAR_ENGINE_OPTIONS variable); other keys are logged once as having no effect.
+    "engineOptions": BUILT,
     "convolutionOptions": pending(6, "convolution planning options in the cost model"),
     "lstmOptions": pending(6, "LSTM planning options in the cost model"),
     "matmulOptions": pending(6, "matmul planning options in the cost model"),

@@ -1,8 +1,9 @@
 """``getSummaryReport()`` text: memory per IPU and category, top tensors, cycles per step (and,
 pipelined, per cycle and per stage), throughput and utilisation per IPU (spec §4.7, F54).
 
-Profiling is off by default, as in PopART; ``engineOptions["autoReport.all"] = "true"`` turns
-it on. When off, the report says "Execution profiling not enabled".
+Profiling is off by default, as in PopART; ``engineOptions["autoReport.all"] = "true"`` (or the
+``POPLAR_ENGINE_OPTIONS`` variable, report/auto.py) turns it on. When off, the report says
+"Execution profiling not enabled".
 """
 
 from __future__ import annotations
@@ -10,14 +11,9 @@ from __future__ import annotations
 from ..device.analysis import DeviceModel
 from ..device.memory import memory_summary
 
-__all__ = ["PROFILING_DISABLED", "pipeline_lines", "profiling_enabled", "summary_text"]
+__all__ = ["PROFILING_DISABLED", "pipeline_lines", "summary_text"]
 
 PROFILING_DISABLED = "Execution profiling not enabled"
-
-
-def profiling_enabled(options) -> bool:
-    """True when the SessionOptions' engine options ask for the automatic report."""
-    return str(options.engineOptions.get("autoReport.all", "false")).lower() == "true"
 
 
 def summary_text(model: DeviceModel, runs: int = 0, top: int = 5) -> str:

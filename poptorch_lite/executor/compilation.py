@@ -136,6 +136,7 @@ class CompileMixin:
             if self._training:
                 self._check_batch_norms()
             self._check_replicated_buffers(traced)
+            self._check_mutations(traced, divisor)
             bar.update()
             bar.set_postfix_str("build session + prepareDevice")
             placement = self._place(traced)
@@ -232,6 +233,8 @@ class CompileMixin:
         art = (popart.AnchorReturnType("EveryN", period) if mode is OutputMode.EveryN
                else popart.AnchorReturnType(_ART[mode]))
         anchors = {name: art for name in dict.fromkeys(traced.output_names)}
+        # An input's new value is read back for every micro-batch, whatever the output mode.
+        anchors.update({name: popart.AnchorReturnType("All") for _, name in traced.input_updates})
         data_flow = popart.DataFlow(n, anchors)
         session_options = self._options.to_backend(self._training)
         if placement.multi_ipu:
@@ -251,6 +254,7 @@ class CompileMixin:
                     traced, data_flow, device, session_options)
             else:
                 session = popart.InferenceSession(traced.proto, data_flow, device,
+                                                  patterns=self._options.backend_patterns(),
                                                   userOptions=session_options,
                                                   name=self._options.model_name or "inference")
             if self._options.random_seed is not None:
@@ -271,7 +275,8 @@ class CompileMixin:
             self._optimizer, self._user_model, traced.param_map,
             self._running_stat_names() | set(traced.updated_buffers))
         session = popart.TrainingSession(traced.proto, data_flow, loss_id, translation.backend,
-                                         device, userOptions=session_options,
+                                         device, patterns=self._options.backend_patterns(),
+                                         userOptions=session_options,
                                          name=self._options.model_name or "training")
         return session, translation
 
@@ -302,6 +307,33 @@ class CompileMixin:
                 f"{', ...' if len(mutated) > 4 else ''}): broadcasting buffers from replica 0 "
                 f"is not supported. Set Options.broadcastBuffers(False) to let each replica keep "
                 f"its own copy (the host then reads replica 0's).")
+
+    def _check_mutations(self, traced: tracing.TracedModel, divisor: int) -> None:
+        """In-place updates in ``forward`` that have no exact device form are refused here:
+        parameters in a training wrapper (an inference wrapper keeps them as device state, like
+        buffers, P65), and a 0-d input every micro-batch shares (eager's calls would each
+        change it, one after the other)."""
+        if self._training and traced.updated_parameters:
+            fqn = traced.updated_parameters[0]
+            raise Error(
+                f"forward updates the parameter '{fqn}' in place (e.g. `with torch.no_grad(): "
+                f"self.{fqn} += ...` or `.copy_()`). A training wrapper changes parameters only "
+                f"through the optimizer: the device would differentiate through the update and "
+                f"order it against the optimizer step, which differs from eager torch. Change "
+                f"the parameter outside forward (then call copyWeightsToDevice()), or register "
+                f"the tensor as a buffer if it is not trained.", type="parameter_mutation",
+                location=traced.mutation_locations.get(fqn, ""))
+        copies = divisor * self._options.input_replica_grouping[0]
+        for index, _ in traced.input_updates:
+            spec = traced.signature.leaves[index]
+            if not spec.shape and copies > 1:
+                raise Error(
+                    f"forward updates its 0-d input '{spec.path}' in place, but "
+                    f"{copies} micro-batches (deviceIterations × replicas × "
+                    f"gradientAccumulation) each see the same value, so there is no single new "
+                    f"value to copy back. Give it a batch dimension, or return the new value "
+                    f"instead of updating the input.", type="input_mutation",
+                    location=traced.mutation_locations.get(spec.path, ""))
 
     def _running_stat_names(self) -> set[str]:
         names = set()

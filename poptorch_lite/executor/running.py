@@ -35,6 +35,7 @@ class RunMixin:
             if leaves is not None:
                 return self._run(fast.executable, leaves)
         leaves, signature = self._signature(args, kwargs)
+        originals = leaves
         leaves = self._prepare_leaves(leaves, signature)
         executable = self._select(leaves, signature)
         if self._offline():
@@ -43,7 +44,7 @@ class RunMixin:
         if not self._attached:
             self.attachToDevice()
         self.__dict__["_fast"] = _FastCall.of(self, args, kwargs, leaves, executable)
-        return self._run(executable, leaves)
+        return self._run(executable, leaves, originals)
 
     def _prepare_leaves(self, leaves, signature):
         out = []
@@ -81,7 +82,7 @@ class RunMixin:
             self.copyWeightsToDevice()
         self.__dict__["_seen_version"] = link.version
 
-    def _run(self, executable: _Executable, leaves):
+    def _run(self, executable: _Executable, leaves, originals=None):
         check_buffers(executable)
         self._sync_before_run()
         traced = executable.traced
@@ -116,7 +117,30 @@ class RunMixin:
             # The device ran the optimizer's steps: tell torch's LR schedulers, which check
             # this flag to warn about scheduler.step() before optimizer.step().
             self._optimizer._opt_called = True
-        return self._outputs(executable, anchors)
+        outputs = self._outputs(executable, anchors)
+        if traced.input_updates:
+            self._update_inputs(executable, anchors, leaves if originals is None else originals)
+        return outputs
+
+    def _update_inputs(self, executable: _Executable, anchors: dict, originals) -> None:
+        """Write each input ``forward`` updated in place back into the caller's tensor, as
+        eager torch would have: every micro-batch's rows, from the input's replica group."""
+        for index, name in executable.traced.input_updates:
+            target = originals[index]
+            sample = tuple(executable.session.getInfo(name).shape())
+            rows = anchors[name].reshape(-1, *sample)  # [N·G·R·B, ...] or [1] for 0-d
+            size, kind = self._options.input_replica_grouping
+            if size > 1 and sample:
+                rin = self._options.input_replicas
+                replicas = self._options.replication_factor
+                view = rows.reshape(-1, replicas, sample[0], *sample[1:])  # [N·G, R, B, ...]
+                # the first replica of each input group
+                first = (list(range(rin)) if kind is CommGroupType.Orthogonal
+                         else [g * size for g in range(rin)])
+                rows = view[:, first]
+            value = torch.from_numpy(np.ascontiguousarray(rows)).reshape(target.shape)
+            with torch.no_grad():
+                target.copy_(value)
 
     def _input_group_size(self) -> int:
         return self._options.input_replica_grouping[0]

@@ -9,6 +9,8 @@ module does not import ``options.py``, which imports it.
 
 Read side (snake_case, for the rest of the frontend): ``Training.gradient_accumulation``,
 ``Training.reduction_type``, ``Distributed.process_id_and_count`` and ``Jit.exporter_name``.
+The groups whose values become backend options write them in ``_to_backend(opts)`` (called by
+``Options.to_backend``); status.py says, per setter, which field.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import warnings
 from typing import Protocol
 
 import torch
+
+import popart_backend as popart
 
 from .enums import MeanReductionStrategy, ReductionType
 from .optionsdict import OptionsDictMixin, _Key
@@ -134,6 +138,13 @@ class _Training(_DictGroup):
         return self._set("convolutionDithering",
                          _check_type("Training.setConvolutionDithering", enabled, bool))
 
+    def _to_backend(self, opts: popart.SessionOptions) -> None:
+        """Loss scaling and dithering; the backend builds, logs or refuses them (checks.py)."""
+        if self._get("automaticLossScaling"):
+            opts.automaticLossScalingSettings = popart.AutomaticLossScalingSettings(enabled=True)
+        if self._get("convolutionDithering"):
+            opts.convolutionOptions = {**opts.convolutionOptions, "enableConvDithering": "true"}
+
 
 class _Precision(_DictGroup):
     _prefix = "Precision."
@@ -161,6 +172,14 @@ class _Precision(_DictGroup):
         warnings.warn("Options.Precision.runningStatisticsAlwaysFloat is deprecated and has no "
                       "effect.", DeprecationWarning, stacklevel=2)
         return self
+
+    def _to_backend(self, opts: popart.SessionOptions) -> None:
+        if self._get("partialsType") == "half":
+            opts.partialsTypeMatMuls = "half"
+        if self._get("floatingPointExceptions"):
+            opts.enableFloatingPointChecks = True
+        if self._get("stochasticRounding"):
+            opts.enableStochasticRounding = True
 
 
 class TensorLocationSettings:
@@ -217,6 +236,41 @@ class _TensorLocations(_DictGroup):
 
     def setAccumulatorLocation(self, settings):  # noqa: N802
         return self._location("accumulatorLocation", settings)
+
+    def _to_backend(self, opts: popart.SessionOptions) -> None:
+        if self._get("numIOTiles"):
+            opts.numIOTiles = self._get("numIOTiles")
+        for key, field in _LOCATION_FIELDS.items():
+            values = self._get(key)
+            if values is not None:
+                setattr(opts, field, _backend_location(values, getattr(opts, field)))
+
+
+# TensorLocations key -> the SessionOptions field it sets.
+_LOCATION_FIELDS = {"activationLocation": "activationTensorLocationSettings",
+                    "weightLocation": "weightTensorLocationSettings",
+                    "optimizerLocation": "optimizerStateTensorLocationSettings",
+                    "accumulatorLocation": "accumulatorTensorLocationSettings"}
+
+
+def _backend_location(values: dict, default: popart.TensorLocationSettings
+                      ) -> popart.TensorLocationSettings:
+    """A ``TensorLocationSettings``' values over the backend's defaults for that tensor type."""
+    loc = default.location
+    on_chip = values.get("onChip", loc.storage is popart.TensorStorage.OnChip)
+    rts = values.get("useReplicatedTensorSharding",
+                     loc.replicatedTensorSharding is popart.ReplicatedTensorSharding.On)
+    io, compute = popart.TileSet.IO, popart.TileSet.Compute
+    location = popart.TensorLocation(
+        popart.TensorStorage.OnChip if on_chip else popart.TensorStorage.OffChip,
+        io if values.get("useIOTilesToLoad", loc.loadTileSet is io) else compute,
+        io if values.get("useIOTilesToStore", loc.storageTileSet is io) else compute,
+        popart.ReplicatedTensorSharding.On if rts else popart.ReplicatedTensorSharding.Off)
+    return popart.TensorLocationSettings(
+        location,
+        values.get("minElementsForOffChip", default.minElementsForOffChip),
+        values.get("minElementsForReplicatedTensorSharding",
+                   default.minElementsForReplicatedTensorSharding))
 
 
 class _Distributed(_DictGroup):
@@ -339,11 +393,44 @@ class _Popart(_Group):
         return self._set("options", options)
 
     def setPatterns(self, patterns: dict, level: int = 2):  # noqa: N802
+        """Patterns of the sessions: ``PatternsLevel(level)`` (0 none, 1 minimal, 2 default,
+        3 all), then each ``name: bool`` of ``patterns`` (unknown names raise)."""
+        _check_type("_Popart.setPatterns", patterns, dict)
+        _check_type("_Popart.setPatterns", level, int)
+        self._patterns_for(dict(patterns), level)  # checks names and level now
         self._set("patternsLevel", level)
         return self._set("patterns", dict(patterns))
 
+    @staticmethod
+    def _patterns_for(patterns: dict, level: int) -> popart.Patterns:
+        if level not in range(4):
+            raise ValueError(f"Options._Popart.setPatterns: level must be 0 (none), 1 (minimal), "
+                             f"2 (default) or 3 (all), got {level}.")
+        result = popart.Patterns(popart.PatternsLevel(level))
+        for name, enabled in patterns.items():
+            result.enablePattern(name, _check_type(f"_Popart.setPatterns[{name!r}]", enabled,
+                                                   bool))
+        return result
+
+    @property
+    def backend_patterns(self) -> popart.Patterns | None:
+        """The ``popart_backend.Patterns`` of ``setPatterns``; None: the backend's default."""
+        patterns = self._get("patterns")
+        if patterns is None:
+            return None
+        return self._patterns_for(patterns, self._get("patternsLevel"))
+
     def setEngineOptions(self, engine_options: dict):  # noqa: N802
-        return self._set("engineOptions", dict(engine_options))
+        """Engine options merged into ``SessionOptions.engineOptions`` (``autoReport.*`` write
+        the profile; others are logged once as having no effect)."""
+        _check_type("_Popart.setEngineOptions", engine_options, dict)
+        return self._set("engineOptions", {str(k): str(v).lower() if isinstance(v, bool)
+                                           else str(v) for k, v in engine_options.items()})
+
+    def _to_backend(self, opts: popart.SessionOptions) -> None:
+        engine = self._get("engineOptions")
+        if engine:
+            opts.engineOptions = {**opts.engineOptions, **engine}
 
 
 

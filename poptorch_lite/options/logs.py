@@ -6,6 +6,10 @@ PopTorch's ``poptorch::python`` logger it prints to the console (stderr, as it i
 in PopTorch's line format, does not propagate to the application's root logger, and starts at
 INFO. The backend's loggers (``popart:*``) keep their own level: set them with
 ``popart_backend.getLogger().setLevel(...)`` or ``POPART_LOG_LEVEL``.
+
+Repeated messages (``Options.maxRepeatLogs``, default 4): a message logged back to back more
+than the limit is shown the limit number of times, then once more with "further repeats
+suppressed", then not until another message comes. ``setRepeatLimit(None)`` shows them all.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import os
 import sys
 import warnings
 
-__all__ = ["logger", "setLogLevel"]
+__all__ = ["logger", "setLogLevel", "setRepeatLimit"]
 
 # PopTorch's level names -> Python levels. TRACE is the backend's TRACE (5, below DEBUG); OFF
 # sits above CRITICAL so nothing passes.
@@ -42,6 +46,39 @@ _handler.setFormatter(logging.Formatter(
     "[%(asctime)s.%(msecs)03d] [poptorch:python] [%(levelname)s] %(message)s", "%H:%M:%S"))
 logger.addHandler(_handler)
 logger.propagate = False
+
+
+class _RepeatFilter(logging.Filter):
+    """Suppresses a message repeated back to back beyond ``limit`` times (None: no limit)."""
+
+    def __init__(self, limit: int | None):
+        super().__init__()
+        self.limit = limit
+        self._last: tuple[int, str] | None = None
+        self._count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.levelno, record.getMessage())
+        if key != self._last:
+            self._last, self._count = key, 0
+        self._count += 1
+        if self.limit is None or self._count <= self.limit:
+            return True
+        if self._count == self.limit + 1:
+            record.msg = (f"{record.getMessage()} [repeated {self.limit} times; further repeats "
+                          f"suppressed (Options.maxRepeatLogs)]")
+            record.args = None
+            return True
+        return False
+
+
+_repeats = _RepeatFilter(4)
+logger.addFilter(_repeats)
+
+
+def setRepeatLimit(limit: int | None) -> None:  # noqa: N802 - next to setLogLevel
+    """Show a message repeated back to back at most ``limit`` times (None: always)."""
+    _repeats.limit = limit
 
 
 def _level_number(level, where: str) -> int:

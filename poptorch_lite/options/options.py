@@ -32,7 +32,8 @@ from .enums import (
     SyncPattern,
 )
 from .files import _apply_call, _from_plain, _to_plain
-from .logs import setLogLevel
+from .logs import setLogLevel, setRepeatLimit
+from .status import apply_statuses
 from .optionsdict import OptionsDictMixin, _Key
 from .groups import (
     _check_type,
@@ -79,7 +80,7 @@ _DEFAULTS = {
     "moduleNamescope": True,
     "updatableNamedBuffers": [],
     "relaxOptimizerAttributesChecks": False,
-    "sourceLocationExcludes": ["torch/", "poptorch_lite/"],
+    "sourceLocationExcludes": ["/torch/", "/poptorch_lite/"],
     "Training.gradientAccumulation": 1,
     "Training.accumulationAndReplicationReductionType": ReductionType.Mean,
     "Training.meanAccumulationAndReplicationReductionStrategy": MeanReductionStrategy.Post,
@@ -95,6 +96,13 @@ _DEFAULTS = {
     "Distributed.envProcessId": None,
     "Jit.exporter": "dynamo",
     "_Popart.options": {},
+    "_Popart.engineOptions": {},
+    "_Popart.patterns": None,  # None: the backend's default Patterns
+    "_Popart.patternsLevel": 2,
+    "TensorLocations.activationLocation": None,  # None: the backend's default location
+    "TensorLocations.weightLocation": None,
+    "TensorLocations.optimizerLocation": None,
+    "TensorLocations.accumulatorLocation": None,
     "Distributed.ipuofConfigs": {},
     "createdOptions": {},  # createOrSet keys no code reads: "key" or "Group.key" -> value
 }
@@ -369,11 +377,18 @@ class Options(OptionsDictMixin):
         return self._values["broadcastBuffers"]
 
     def logDir(self, log_dir: str):  # noqa: N802
+        """Where files go: the backend's ``logDir`` (DOT graphs) and the profile of
+        ``enableProfiling()`` without a directory."""
         return self._set("logDir", _check_type("logDir", log_dir, str))
 
     def maxRepeatLogs(self, number_repeated: int | None):  # noqa: N802
+        """Log a message repeated back to back at most this many times, then suppress the
+        repeats (None: never suppress); applied to the frontend logger at compile."""
         if number_repeated is not None:
             _check_type("maxRepeatLogs", number_repeated, int)
+            if number_repeated < 1:
+                raise ValueError(f"Options.maxRepeatLogs: must be >= 1 or None, got "
+                                 f"{number_repeated}.")
         return self._set("maxRepeatLogs", number_repeated)
 
     def modelName(self, name: str):  # noqa: N802
@@ -384,12 +399,20 @@ class Options(OptionsDictMixin):
         return self._values["modelName"]
 
     def enableProfiling(self, profile_dir: str | None = None):  # noqa: N802
-        return self._set("profilingDir", profile_dir or ".")
+        """Write the simulated IPU's report (profile.json, profile.html, trace.json) into
+        ``profile_dir/<model name>`` (default directory: ``logDir``) after compiling and after
+        the first run."""
+        if profile_dir is not None:
+            _check_type("enableProfiling", profile_dir, str)
+        return self._set("profilingDir", profile_dir or "")
 
     @property
     def profiling_dir(self) -> str | None:
         """Where profiling reports go; None when profiling is off."""
-        return self._values["profilingDir"]
+        directory = self._values["profilingDir"]
+        if directory is None:
+            return None
+        return directory or self._values["logDir"]
 
     def logCycleCount(self, log_cycle_count: bool):  # noqa: N802
         return self._set("logCycleCount", _check_type("logCycleCount", log_cycle_count, bool))
@@ -476,8 +499,14 @@ class Options(OptionsDictMixin):
         return mode
 
     def to_backend(self, training: bool) -> popart.SessionOptions:
-        """The SessionOptions this configuration compiles with (unknown _Popart keys raise)."""
+        """The SessionOptions this configuration compiles with (unknown _Popart keys raise).
+
+        Also where each setter's status (status.py) applies: NO_EFFECT setters in use are logged
+        once, REFUSED ones raise, and ``maxRepeatLogs`` is set on the frontend logger."""
+        apply_statuses(self._values)
+        setRepeatLimit(self._values["maxRepeatLogs"])
         opts = popart.SessionOptions()
+        opts.logDir = self._values["logDir"]
         # The wrapper reads and writes weights by name, so they must stay variables.
         opts.constantWeights = False
         accumulation = self.Training.gradient_accumulation
@@ -497,6 +526,8 @@ class Options(OptionsDictMixin):
         if self._values["enableSyntheticData"]:
             opts.syntheticDataMode = popart.SyntheticDataMode.RandomNormal
         self._replication_to_backend(opts)
+        for group in (self.Training, self.Precision, self.TensorLocations, self._Popart):
+            group._to_backend(opts)
         for key, value in self._values["_Popart.options"].items():
             if not hasattr(opts, key):
                 raise Error(f"Options._Popart.set({key!r}, ...): popart_backend.SessionOptions "
@@ -506,6 +537,11 @@ class Options(OptionsDictMixin):
         # simulated timeline from it, as PopTorch's perf counters are always recorded.
         opts.engineOptions = {**opts.engineOptions, "autoReport.all": "true"}
         return opts
+
+    def backend_patterns(self) -> popart.Patterns | None:
+        """The ``popart_backend.Patterns`` the sessions are built with (``_Popart.setPatterns``);
+        None: the backend's default set."""
+        return self._Popart.backend_patterns
 
     def _replication_to_backend(self, opts: popart.SessionOptions) -> None:
         """Local replicas, and global replication when several processes run (spec §5.3)."""

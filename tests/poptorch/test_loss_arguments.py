@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import poptorch_lite as poptorch
-from poptorch_lite.testing import assert_allclose, run_reference
+from poptorch_lite.testing import assert_allclose
 
 from .training_helpers import assert_state_equal, compare_training
 
@@ -237,8 +237,6 @@ def test_ctc_loss_refused_with_its_name_and_line():
 
     model = Model()
     options = poptorch.Options()
-    # The default "torch/" fragment would also skip this file (tests/poptorch/...).
-    options.sourceLocationExcludes(["site-packages/", "poptorch_lite/"])
     wrapper = poptorch.trainingModel(model, options, torch.optim.SGD(model.parameters(), lr=0.1))
     inputs = (torch.randn(6, 2, 5), torch.randint(1, 4, (2, 3)), torch.full((2,), 6),
               torch.full((2,), 3))
