@@ -70,6 +70,11 @@ class _Executable:
         # already, narrowed dtype or None), built on the first run from the anchor arrays
         # (their sizes are fixed by the compiled session).
         self.output_table: list[tuple] | None = None
+        # Options.anchorTensor (P18): short name -> backend id; their table (as output_table)
+        # and their values from the last run, short name -> tensor.
+        self.anchored: dict[str, str] = {}
+        self.anchored_table: list[tuple] | None = None
+        self.anchored_values: dict[str, torch.Tensor] | None = None
 
 
 class CompileMixin:
@@ -140,11 +145,12 @@ class CompileMixin:
             bar.update()
             bar.set_postfix_str("build session + prepareDevice")
             placement = self._place(traced)
-            session, translation = self._build_session(traced, placement)
+            session, translation, anchored = self._build_session(traced, placement)
             device_weights = self._device_weight_map(session, traced)
             bar.update()
         executable = _Executable(traced, session, divisor, device_weights, translation)
         executable.placement = placement
+        executable.anchored = anchored
         executable.buffer_layout = [(path, m, tuple(m._buffers))
                                     for path, m in self._user_model.named_modules()]
         self.__dict__["_compile_seconds"] = time.monotonic() - start
@@ -227,14 +233,11 @@ class CompileMixin:
         mode = self._options.resolved_output_mode(self._training)
         period = self._options.output_return_period
         n = self._options.device_iterations
-        if mode is OutputMode.EveryN and n % period:
-            raise Error(f"outputMode(EveryN, {period}): the period must divide "
-                        f"deviceIterations ({n}).")
-        art = (popart.AnchorReturnType("EveryN", period) if mode is OutputMode.EveryN
-               else popart.AnchorReturnType(_ART[mode]))
+        art = _anchor_art(mode, period, n, f"outputMode(EveryN, {period})")
         anchors = {name: art for name in dict.fromkeys(traced.output_names)}
         # An input's new value is read back for every micro-batch, whatever the output mode.
         anchors.update({name: popart.AnchorReturnType("All") for _, name in traced.input_updates})
+        anchored = self._anchored_tensors(anchors)
         data_flow = popart.DataFlow(n, anchors)
         session_options = self._options.to_backend(self._training)
         if placement.multi_ipu:
@@ -263,11 +266,39 @@ class CompileMixin:
             if not self._offline():
                 session.weightsFromHost()
         except popart.popart_exception as exc:
+            for short, long_name in anchored.items():
+                if f"Anchor '{long_name}' is not a tensor" in str(exc):
+                    raise Error(f"Options.anchorTensor({short!r}, {long_name!r}): no such tensor "
+                                f"in the compiled model; use an id of wrapper.getTensorNames(). "
+                                f"{exc}") from exc
             raise backend_error(exc, traced) from exc
         if translation is not None and not self._offline() and self._optimizer.state:
             # e.g. Adagrad's initial accumulator, or a state loaded from a checkpoint
             self._write_optimizer_state(session, translation)
-        return session, translation
+        return session, translation, anchored
+
+    def _anchored_tensors(self, anchors: dict) -> dict[str, str]:
+        """Add the tensors of ``Options.anchorTensor`` to ``anchors`` (P18); returns short name
+        -> backend id. The backend checks that the ids exist (in training after its passes, so
+        ``Gradient___<id>`` of weights and of activations too)."""
+        named = {}
+        for short, (long_name, mode, period) in self._options.anchored_tensors.items():
+            what = f"Options.anchorTensor({short!r}, {long_name!r})"
+            if isinstance(mode, str):  # after toDict() / from_json: "OutputMode.All"
+                mode = OutputMode[mode.rpartition(".")[2]]
+            if mode is None:
+                mode, period = self._options.output_mode, self._options.output_return_period
+            if mode is OutputMode.Default:
+                mode = OutputMode.Final if self._training else OutputMode.All
+            period = period or 1
+            art = _anchor_art(mode, period, self._options.device_iterations,
+                              f"{what} with EveryN, {period}")
+            if anchors.get(long_name, art) != art:
+                raise Error(f"{what}: '{long_name}' is already returned with "
+                            f"{anchors[long_name]}; anchor it with that output mode.")
+            anchors[long_name] = art
+            named[short] = long_name
+        return named
 
     def _build_training_session(self, traced, data_flow, device, session_options):
         loss_id = find_loss(traced)
@@ -358,6 +389,13 @@ class CompileMixin:
                 continue
             held[onnx_name] = fqn
         return held
+
+
+def _anchor_art(mode: OutputMode, period: int, n: int, what: str):
+    if mode is OutputMode.EveryN and n % period:
+        raise Error(f"{what}: the period must divide deviceIterations ({n}).")
+    return (popart.AnchorReturnType("EveryN", period) if mode is OutputMode.EveryN
+            else popart.AnchorReturnType(_ART[mode]))
 
 
 def check_buffers(executable: _Executable) -> None:

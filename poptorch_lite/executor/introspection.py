@@ -1,5 +1,5 @@
 """``PoplarExecutor``'s introspection of the compiled model and its last run (spec P18, P19):
-``getTensorNames``, ``cycleCount``, the perf counters and latencies, and
+``getTensorNames``, ``getAnchoredTensor``, ``cycleCount``, the perf counters and latencies, and
 ``copyNamedBuffersToDevice``.
 
 The figures are the simulated IPU's. ``cycleCount()`` is the backend session's cycle counter
@@ -33,6 +33,21 @@ class IntrospectionMixin:
         executable = self._require_compiled("getTensorNames()")
         ir = executable.session.getIr()
         return sorted({tid for graph in ir.graphs.values() for tid in graph.tensors})
+
+    def getAnchoredTensor(self, short_name: str):  # noqa: N802 - PopTorch's name
+        """The value from the last run of the tensor registered with
+        ``Options.anchorTensor(short_name, long_name, ...)``, shaped by its output mode as the
+        outputs are (P18)."""
+        executable = self._require_compiled(f"getAnchoredTensor({short_name!r})")
+        if short_name not in executable.anchored:
+            known = ", ".join(repr(s) for s in executable.anchored) or "none"
+            raise Error(f"getAnchoredTensor({short_name!r}): no tensor was anchored under this "
+                        f"name (anchored: {known}). Register it with "
+                        f"Options.anchorTensor(short_name, long_name) before compiling.")
+        if executable.anchored_values is None:
+            raise Error(f"getAnchoredTensor({short_name!r}): the model has not run yet; call "
+                        f"the wrapper first.")
+        return executable.anchored_values[short_name]
 
     def cycleCount(self) -> int:  # noqa: N802
         """Simulated cycles of the last run (replica 0); needs ``Options.logCycleCount(True)``."""

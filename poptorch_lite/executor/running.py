@@ -118,6 +118,8 @@ class RunMixin:
             # this flag to warn about scheduler.step() before optimizer.step().
             self._optimizer._opt_called = True
         outputs = self._outputs(executable, anchors)
+        if executable.anchored:
+            executable.anchored_values = _anchored_values(executable, anchors)
         if traced.input_updates:
             self._update_inputs(executable, anchors, leaves if originals is None else originals)
         return outputs
@@ -164,7 +166,8 @@ class RunMixin:
         traced = executable.traced
         table = executable.output_table
         if table is None:
-            table = executable.output_table = _output_table(executable, anchors)
+            table = executable.output_table = _output_table(
+                executable, anchors, dict.fromkeys(traced.output_names))
         results = {}
         for name, shape, narrow in table:
             tensor = torch.from_numpy(anchors[name])
@@ -261,12 +264,27 @@ class _FastCall:
         return leaves
 
 
-def _output_table(executable: _Executable, anchors: dict) -> list:
-    """Per distinct output: its host shape (PopTorch's §2.4 stacking: the anchor's batches
+def _anchored_values(executable: _Executable, anchors: dict) -> dict[str, torch.Tensor]:
+    """The tensors of ``Options.anchorTensor`` from this run's anchors, by short name, stacked
+    as outputs are (P18)."""
+    table = executable.anchored_table
+    if table is None:
+        table = executable.anchored_table = _output_table(
+            executable, anchors, dict.fromkeys(executable.anchored.values()))
+    values = {}
+    for name, shape, narrow in table:
+        tensor = torch.from_numpy(anchors[name])
+        tensor = tensor if shape is None else tensor.view(shape)
+        values[name] = tensor if narrow is None else tensor.to(narrow)
+    return {short: values[name] for short, name in executable.anchored.items()}
+
+
+def _output_table(executable: _Executable, anchors: dict, names) -> list:
+    """Per distinct output (of ``names``): its host shape (PopTorch's §2.4 stacking: the anchor's batches
     stacked along dim 0; None when the anchor array already has it) and the dtype it narrows
     to (int64 -> int32, float64 -> float32)."""
     table = []
-    for name in dict.fromkeys(executable.traced.output_names):
+    for name in names:
         array = anchors[name]
         sample = tuple(executable.session.getInfo(name).shape())
         count = array.size // max(int(np.prod(sample, dtype=np.int64)), 1) if sample else (

@@ -272,8 +272,18 @@ class Options(OptionsDictMixin):
 
     def anchorTensor(self, short_name: str, long_name: str, output_mode=None,  # noqa: N802
                      output_return_period: int = 1):
+        """Also return the backend tensor ``long_name`` (an id of ``getTensorNames()``) after
+        each run, read with ``wrapper.getAnchoredTensor(short_name)`` (P18). ``output_mode``
+        None: the model's output mode and period."""
         _check_type("anchorTensor", short_name, str)
         _check_type("anchorTensor", long_name, str)
+        if output_mode is not None and not isinstance(output_mode, OutputMode):
+            raise TypeError(f"Options.anchorTensor: expected an OutputMode or None, got "
+                            f"{output_mode!r}.")
+        if output_mode is OutputMode.EveryN and (not isinstance(output_return_period, int)
+                                                 or output_return_period < 1):
+            raise ValueError(f"Options.anchorTensor(EveryN): output_return_period must be an "
+                             f"int > 0, got {output_return_period!r}.")
         anchored = dict(self._values["anchoredTensors"])
         anchored[short_name] = (long_name, output_mode, output_return_period)
         return self._set("anchoredTensors", anchored)

@@ -76,9 +76,8 @@ SETTER_STATUS: dict[str, SetterStatus] = {
     "inputReplicaGrouping": built("tracing.py, running.py (input replica groups)"),
     "outputMode": built("compilation.py: the anchors' AnchorReturnType"),
     "anchorMode": built("deprecated alias of outputMode"),
-    "anchorTensor": refused(
-        "extra anchored tensors are not built (the wrapper returns only the model's outputs; "
-        "there is no getAnchoredTensor)", anchoredTensors={}),
+    "anchorTensor": built("compilation.py: extra DataFlow anchors; introspection.py: "
+                          "getAnchoredTensor"),
     # device, seed, caching
     "randomSeed": built("compilation.py: session.setRandomSeed; data.py shuffling"),
     "enableExecutableCaching": no_effect(
