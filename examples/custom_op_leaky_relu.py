@@ -23,8 +23,7 @@ import numpy as np
 import torch
 
 import popart_backend as popart
-from popart_backend.custom.api import GradOp, GradOpInType, Op
-from popart_backend.custom.registration import register_grad_op, register_op
+from popart_backend.custom import GradOp, GradOpInType, Op, register_grad_op, register_op
 
 LEAKY = popart.OperatorIdentifier("custom.ops", "LeakyRelu", 1)
 LEAKY_GRAD = popart.OperatorIdentifier("custom.ops", "LeakyReluGrad", 1)
