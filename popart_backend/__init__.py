@@ -18,7 +18,14 @@ from .device.manager import *  # noqa: F401,F403
 from .tensorinfo import *  # noqa: F401,F403
 from .dataflow import *  # noqa: F401,F403
 from .builder.builder import *  # noqa: F401,F403
+from .builder.public_types import *  # noqa: F401,F403
+from .builder.variable_settings import *  # noqa: F401,F403
+from .builder.debug_context import *  # noqa: F401,F403
+from .builder.graph_transformer import *  # noqa: F401,F403
+from .builder.numerics_report import *  # noqa: F401,F403
+from .ir.tensor_names import *  # noqa: F401,F403
 from .session import *  # noqa: F401,F403
+from .executable import *  # noqa: F401,F403  (executable files, for poptorch_lite)
 from .optim.values import *  # noqa: F401,F403
 from .optim.base import *  # noqa: F401,F403
 from .optim.sgd import *  # noqa: F401,F403

@@ -17,12 +17,15 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from .errors import popart_exception
+from .limits import check_step
 from .tensorinfo import ExchangeStrategy, TileSet
 
 __all__ = [
     "AnchorReturnType",
     "AnchorReturnTypeId",
     "DataFlow",
+    "IStepIO",
+    "IWeightsIO",
     "PyStepIO",
     "PyStepIOCallback",
     "PyWeightsIO",
@@ -162,6 +165,12 @@ class DataFlow:
     """
 
     def __init__(self, batchesPerStep: int, anchors=None, anchorReturnType=None):  # noqa: N803
+        self._anchors = _anchor_map(anchors, anchorReturnType)
+        self.setBatchesPerStep(batchesPerStep)
+
+    def setBatchesPerStep(self, batchesPerStep: int) -> None:  # noqa: N802,N803
+        """Change the batches per step. A session copies its DataFlow when it is built, so
+        this changes the sessions built afterwards."""
         if isinstance(batchesPerStep, bool) or not isinstance(batchesPerStep, (int, np.integer)):
             raise popart_exception(
                 f"DataFlow: batchesPerStep must be an integer, not {batchesPerStep!r}."
@@ -169,11 +178,10 @@ class DataFlow:
         batches_per_step = int(batchesPerStep)
         if batches_per_step <= 0:
             raise popart_exception("'Batches per step' must be greater than zero")
-        anchor_map = _anchor_map(anchors, anchorReturnType)
-        for tensor_id, art in anchor_map.items():
+        check_step(batches_per_step, 0, f"DataFlow: batchesPerStep = {batches_per_step}")
+        for tensor_id, art in self._anchors.items():
             _check_return_period(tensor_id, art, batches_per_step)
         self._bps = batches_per_step
-        self._anchors = anchor_map
 
     def isAnchored(self, tensorId: str) -> bool:  # noqa: N802,N803
         return tensorId in self._anchors
@@ -308,7 +316,15 @@ def anchor_fetch_index(art: AnchorReturnType, b: int, a: int, r: int, bps: int, 
 # --- step IO ---------------------------------------------------------------------------------
 
 
-class PyStepIO:
+class IStepIO:
+    """Base of the step-IO classes ``run()`` accepts (``PyStepIO``, ``PyStepIOCallback``)."""
+
+
+class IWeightsIO:
+    """Base of the weight carriers of ``readWeights`` / ``writeWeights`` (``PyWeightsIO``)."""
+
+
+class PyStepIO(IStepIO):
     """Host buffers for one or more runs: ``PyStepIO({"x": array}, session.initAnchorArrays())``.
 
     Input arrays are read front to back in ``nelms(T)`` chunks in ``[bps, af, rf, mb, *S]``
@@ -337,7 +353,7 @@ class PyStepIO:
         return f"PyStepIO(inputs={sorted(self.inputs)}, outputs={sorted(self.outputs)})"
 
 
-class PyStepIOCallback:
+class PyStepIOCallback(IStepIO):
     """Step IO through callbacks, called once per micro-batch per replica in (b, a, r) order (F28).
 
     ``input_callback(id, prefetch) -> ndarray`` of the tensor's shape,
@@ -367,7 +383,7 @@ class PyStepIOCallback:
         self.runtime_asserts = bool(enabled)
 
 
-class PyWeightsIO:
+class PyWeightsIO(IWeightsIO):
     """Weight buffers by tensor id, full weight shapes (``readWeights`` / ``writeWeights``)."""
 
     def __init__(self, weights: Mapping[str, np.ndarray]):

@@ -98,6 +98,8 @@ class DataType(enum.Enum):
         key = name.upper()
         if key in cls.__members__:
             return cls[key]
+        if key in GraphcoreFloat8.__members__:
+            raise GraphcoreFloat8[key].refusal(f"data type string '{name}'")
         for dt, npdt in _NUMPY.items():
             if npdt.name == name:
                 return dt
@@ -111,6 +113,8 @@ class DataType(enum.Enum):
 
     @classmethod
     def from_numpy(cls, dtype) -> "DataType":
+        if isinstance(dtype, GraphcoreFloat8):
+            raise dtype.refusal("this use")
         dtype = np.dtype(dtype)
         for dt, npdt in _NUMPY.items():
             if npdt == dtype:
@@ -194,6 +198,26 @@ class DataType(enum.Enum):
         the simulator may write results straight into the user's array."""
         return self not in _SURROGATE or self in _SAME_BITS_VIEW
 
+
+class GraphcoreFloat8(enum.Enum):
+    """Graphcore's own float8 formats, PopART's ``DataType.FLOAT8_143`` (sign, 4 exponent and
+    3 mantissa bits) and ``FLOAT8_152`` (5 and 2), whose exponent bias is a runtime operand.
+    The names exist; the simulated IPU has no kernels for them, so using one raises."""
+
+    FLOAT8_143 = "FLOAT8_143"
+    FLOAT8_152 = "FLOAT8_152"
+
+    def refusal(self, where: str) -> popart_exception:
+        return popart_exception(
+            f"DataType.{self.name} ({where}): Graphcore's float8 formats with a runtime "
+            f"exponent bias cannot be computed by the simulated IPU. Use FLOAT16, or an ONNX "
+            f"float8 type (FLOAT8E4M3FN, FLOAT8E5M2) with Cast / QuantizeLinear."
+        )
+
+
+# PopART lists them under DataType; they are not ONNX element types, so not members.
+DataType.FLOAT8_143 = GraphcoreFloat8.FLOAT8_143
+DataType.FLOAT8_152 = GraphcoreFloat8.FLOAT8_152
 
 _NUMPY = {
     DataType.FLOAT: np.dtype(np.float32),

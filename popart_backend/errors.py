@@ -31,19 +31,42 @@ class popart_runtime_error(popart_exception):  # noqa: N801
     """Error while running a prepared session, e.g. step-IO buffers of the wrong size."""
 
 
-class OutOfMemoryException(popart_exception):
-    """The simulated IPU memory overflowed at ``prepareDevice()``."""
+class OutOfMemoryError:
+    """PopART's out-of-memory status: ``OutOfMemoryError()`` is a success (no overflow);
+    ``prepareDevice(err=status)`` fills it instead of raising. Every
+    ``OutOfMemoryException`` is also one."""
 
-    def __init__(self, message: str, summary_report: str = "", profile_path: str = ""):
-        super().__init__(message)
+    def __init__(self, message: str = "", summary_report: str = "", profile_path: str = ""):
+        self._set_status(message, summary_report, profile_path)
+
+    def _set_status(self, message: str, summary_report: str, profile_path: str) -> None:
+        self._message = message
         self._summary_report = summary_report
         self._profile_path = profile_path
+
+    def isSuccessful(self) -> bool:  # noqa: N802 - PopART's names
+        return not self._message
 
     def getSummaryReport(self) -> str:  # noqa: N802
         return self._summary_report
 
     def getProfilePath(self) -> str:  # noqa: N802
         return self._profile_path
+
+    def __str__(self) -> str:
+        return self._message
+
+    def __repr__(self) -> str:
+        state = "successful" if self.isSuccessful() else self._message.splitlines()[0]
+        return f"{type(self).__name__}({state!r})"
+
+
+class OutOfMemoryException(popart_exception, OutOfMemoryError):
+    """The simulated IPU memory overflowed at ``prepareDevice()``."""
+
+    def __init__(self, message: str, summary_report: str = "", profile_path: str = ""):
+        popart_exception.__init__(self, message)
+        self._set_status(message, summary_report, profile_path)
 
 
 class poplibs_exception(RuntimeError):  # noqa: N801
@@ -100,6 +123,11 @@ class StepIOError(popart_runtime_error):
 
 class NotImplementedOptionError(popart_exception):
     """A SessionOption was set to a value whose behaviour is not built yet."""
+
+
+class ResourceLimitError(popart_exception):
+    """A model or setting asks for more host memory or work than the resource guard allows
+    (``POPART_SIM_MAX_BYTES``, see docs/security.md)."""
 
 
 _THROW_KINDS = {

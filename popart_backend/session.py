@@ -11,6 +11,7 @@ Variables keep a host copy (``writeWeights`` / ``readWeights``) and a device cop
 
 from __future__ import annotations
 
+import copy
 import difflib
 import logging
 
@@ -25,17 +26,20 @@ from .device.manager import DeviceConnectionType
 from .device.simulator import SimulatedDevice
 from .device.transfers import BatchInfo
 from .errors import popart_exception, popart_runtime_error
+from .executable.session_mixin import ExecutableMixin
 from .importer.onnx_model import LoadedModel, import_model, load_model
 from .ir.dot import DotWriter
 from .ir.dump import dump_on_error, maybe_dump_ir
 from .ir.ir import Ir
+from .limits import check_step
 from .optim.base import Optimizer
 from .options.checks import check_buildable, check_io_options
 from .options.enums import DotCheck, SyntheticDataMode
-from .options.patterns import Patterns
+from .options.patterns import Patterns, log_pattern_effects
 from .options.session_options import SessionOptions
 from .report import (PROFILING_DISABLED, Report, profiling_enabled, report_directory,
                      summary_text, write_auto_report)
+from .session_methods import SessionMethodsMixin
 from .session_weights import WeightsMixin
 from .tensorinfo import InputShapeInfo, TensorInfo, input_settings_from_model
 from .transforms.pipeline import inference_passes, run_passes, training_passes
@@ -50,10 +54,11 @@ _SYNTHETIC = {
     SyntheticDataMode.Off: "off",
     SyntheticDataMode.Zeros: "zeros",
     SyntheticDataMode.RandomNormal: "random_normal",
+    SyntheticDataMode.RandomUniform: "random_uniform",
 }
 
 
-class SessionBase(WeightsMixin):
+class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
     """What inference and training sessions share: import, anchors, device, weights, run.
 
     A subclass sets ``_training`` and overrides the hooks ``_constant_weights()``,
@@ -71,6 +76,7 @@ class SessionBase(WeightsMixin):
                 f"{type(self).__name__}: dataFlow must be a DataFlow, not "
                 f"{type(dataFlow).__name__}."
             )
+        dataFlow = copy.copy(dataFlow)  # noqa: N806 - PopART sessions copy it (setBatchesPerStep)
         if deviceInfo is None:
             raise popart_exception(
                 f"{type(self).__name__}: deviceInfo is None (no device was acquired). Use "
@@ -88,10 +94,8 @@ class SessionBase(WeightsMixin):
                 f"{type(self).__name__}: patterns must be a Patterns or None, not "
                 f"{type(patterns).__name__}."
             )
-        if patterns != Patterns() and "patterns" not in _LOGGED:
-            _LOGGED.add("patterns")  # once per process, as NO_EFFECT options (checks.py)
-            _log.warning("Patterns have no effect on the simulated IPU: its passes do not "
-                         "consult them (same IR, numbers, memory and cycles with any set).")
+        patterns.check_mandatory(type(self).__name__)
+        log_pattern_effects(patterns, _LOGGED)
         check_buildable(userOptions, self._training)
         self._check_mode_options(userOptions)
         self.name = name
@@ -123,6 +127,7 @@ class SessionBase(WeightsMixin):
                 constant_weights=self._constant_weights(),
                 strict_op_versions=userOptions.strictOpVersions,
             )
+            self._ir.patterns = patterns  # read by the passes (transforms/apply_patterns.py)
             self._dots.write(self._ir, DotCheck.Fwd0)
             # Sequence / optional graph IO: anchors name elements (importer/value_io.ValueIO).
             self._value_io = self._ir.value_io
@@ -138,6 +143,12 @@ class SessionBase(WeightsMixin):
                 self._dots.run_passes(self._ir, passes, progress.counting(run_passes, steps))
             if self._training:
                 self._check_anchors_exist()
+        if self._ir.restored_state:
+            # Training state stored in the model that this session has no use for.
+            _log.log(logging.WARNING if self._training else logging.INFO,
+                     "%s '%s': the model stores training state %s that this session does not "
+                     "create (another optimizer, or no training); it is not used.",
+                     type(self).__name__, name, sorted(self._ir.restored_state))
         maybe_dump_ir(self._ir, graph_name)
         _log.info("%s '%s': %d ops, %d tensors after its passes", type(self).__name__, name,
                   len(self._ir.main.ops), len(self._ir.main.tensors))
@@ -193,7 +204,8 @@ class SessionBase(WeightsMixin):
             hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             lines.append(f"Anchor '{anchor_id}' is not a tensor of the model.{hint}")
         outputs = ", ".join(repr(o) for o in self._ir.main.outputs)
-        where = ("tensors of the training graph (ONNX tensors, 'Gradient___<weight>', ...)"
+        where = ("tensors of the training graph (ONNX tensors, 'Gradient___<tensor>' for any "
+                 "floating-point tensor the loss depends on, ...)"
                  if self._training else "tensors of the ONNX graph")
         raise popart_exception(
             "\n".join(lines) + f"\nDataFlow anchors must name {where} (its outputs are "
@@ -233,14 +245,21 @@ class SessionBase(WeightsMixin):
 
     # --- device -------------------------------------------------------------------------------
 
-    def prepareDevice(self, loadEngine: bool = True) -> None:  # noqa: N802,N803
+    def prepareDevice(self, loadEngine: bool = True, err=None) -> None:  # noqa: N802,N803
         """Compile the Program for the simulated device, then load it unless ``loadEngine`` is
-        False or ``compileEngine`` is off (F47)."""
+        False or ``compileEngine`` is off (F47). With ``err`` (an OutOfMemoryError) an
+        overflow fills it instead of raising."""
+        if err is not None:
+            return self._prepare_with_status(loadEngine, err)
         _log.log(_TRACE, "Session::prepareDevice")
         if not self._options.compileEngine:
             _log.info("compileEngine is False: the IR is built, no engine is compiled.")
             return
         if self._device is None:
+            program = self._program  # host buffers of one step, before the device builds them
+            check_step(program.micro_batches_per_run, sum(
+                s.info.num_bytes for s in (*program.inputs, *program.anchors)),
+                f"{self.name}: one step's host input and anchor buffers")
             with progress.track(f"{self.name}: prepareDevice", 3, "stage",
                                 self._options.compilationProgressLogger,
                                 self._options.compilationProgressTotal) as steps:
@@ -257,6 +276,7 @@ class SessionBase(WeightsMixin):
                 self._device_model.check_fits(summary_text(self._device_model))
                 progress.step(steps)
             self._device = device
+            self._device_built()  # executable / engine cache (executable/)
             self._write_auto_report()
         if loadEngine:
             self.loadEngineAndConnectStreams()
@@ -316,6 +336,8 @@ class SessionBase(WeightsMixin):
             streams = {s.id: s.info for s in (*self._program.inputs, *self._program.anchors)}
             stepio = self._value_io.flatten_step_io(stepio, streams)
         device.run(stepio)
+        if self._training:
+            self._host_weights_in_sync = False  # the device weights moved on
         self._runs += 1
         self._profiled_runs += 1
         if self._runs == 1:
@@ -348,6 +370,16 @@ class SessionBase(WeightsMixin):
             hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             raise popart_exception(f"getInfo: no tensor '{id}' in the session's IR.{hint}")
         return TensorInfo.from_ir(tensors[id].info)
+
+    def getAllTensorIds(self) -> set[str]:  # noqa: N802 - PopART's name
+        """The ids of every tensor of the IR after its passes, gradients under the reserved
+        prefix (``Gradient___<id>``); subgraph tensors as ``<graph id>/<tensor id>``."""
+        ids = set(self._ir.main.tensors)
+        for graph_id, graph in self._ir.graphs.items():
+            if graph is not self._ir.main:
+                ids.update(t if t.startswith(f"{graph_id}/") else f"{graph_id}/{t}"
+                           for t in graph.tensors)
+        return ids
 
     def anchor_host_shape(self, anchor_id: str) -> tuple[int, ...]:
         """The §4.2 host shape of an anchor (what initAnchorArrays allocates)."""
@@ -537,6 +569,11 @@ class TrainingSession(SessionBase):
             f"Pass the id of the final (reduced) loss, e.g. the output of "
             f"builder.aiGraphcore.l1loss(...); the graph outputs are {outputs}."
         )
+
+    def getTensorIds(self) -> set[str]:  # noqa: N802 - PopART's name
+        """All tensor ids of the training IR (forward, backward, optimizer), as
+        ``getAllTensorIds()``."""
+        return self.getAllTensorIds()
 
     def updateOptimizerFromHost(self, optimizer) -> None:  # noqa: N802
         """Replace the optimizer's non-const values; the next ``run()`` uses them (F38).

@@ -13,13 +13,17 @@ from onnx import numpy_helper
 
 from .dataflow import PyWeightsIO
 from .errors import popart_exception
+from .files import confined_path, write_atomic, write_bytes_atomic
 from .importer.onnx_model import initializer_value, load_model
-from .ir.tensor import TensorKind
+from .ir.ir import CHECKPOINT_PREFIXES
+from .ir.tensor import TensorKind, TensorRole
 
 __all__ = ["WeightsMixin"]
 
 _log = logging.getLogger("popart:session")
 _TRACE = 5  # PopART's TRACE level (popart_backend.logging.TRACE)
+# The variables modelToHost adds to the model besides the weights it already holds.
+_STATE_ROLES = frozenset({TensorRole.OPTIMIZER_STATE, TensorRole.STEP, TensorRole.ACCUMULATOR})
 
 
 class WeightsMixin:
@@ -39,6 +43,7 @@ class WeightsMixin:
         device = self._ready_device("weightsToHost()")
         for tensor_id, value in device.read_weights(self._program.weights).items():
             self._host_weights[tensor_id][...] = value
+        self._host_weights_in_sync = True
 
     def readWeights(self, weightsIo: PyWeightsIO) -> None:
         """Host weights -> the user's arrays in ``weightsIo``."""
@@ -119,31 +124,97 @@ class WeightsMixin:
     def modelToHost(self, fn: str) -> None:
         """Write the model with the device's current weights to ``fn`` (F51).
 
-        Initializers stored as external data are written to their data files next to ``fn``.
+        Initializers stored as external data are written to data files next to ``fn`` (never
+        outside its folder, never into the files of the model the session was built from
+        unless ``fn`` is that model). Every file is replaced atomically.
         """
         if self._device is not None and self._engine_loaded:
             self.weightsToHost()
         proto = onnx.ModelProto()
         proto.CopyFrom(self._model.proto)
-        target_dir = Path(fn).resolve().parent
+        target = Path(fn).resolve()
+        external: dict[str, list[tuple[onnx.TensorProto, np.ndarray]]] = {}
         for init in proto.graph.initializer:
             value = self._host_weights.get(init.name)
             if value is None:
                 value = initializer_value(init, self._model.base_dir)
             if init.data_location == onnx.TensorProto.EXTERNAL:
-                _write_external(init, value, target_dir)
+                location = {e.key: e.value for e in init.external_data}.get("location", "")
+                external.setdefault(location, []).append((init, value))
             else:
                 init.CopyFrom(numpy_helper.from_array(value, init.name))
-        with open(fn, "wb") as f:
-            f.write(proto.SerializeToString())
+        proto.graph.initializer.extend(self._training_state_initializers(proto))
+        sources = self._source_data_files()
+        same_model = self._model.path is not None and self._model.path.resolve() == target
+        used: set[str] = set()
+        for location, items in external.items():
+            new_location = _data_location(location, target, sources, same_model, used)
+            _write_external(items, target.parent, new_location)
+        write_bytes_atomic(target, proto.SerializeToString())
+
+    def _training_state_initializers(self, proto: onnx.ModelProto) -> list[onnx.TensorProto]:
+        """The optimizer state (momenta, Adam moments, step counters) and gradient accumulators
+        the model does not hold yet, as initializers under their reserved names: a training
+        session built from the written model resumes with them."""
+        present = {init.name for init in proto.graph.initializer}
+        tensors = self._ir.main.tensors
+        return [numpy_helper.from_array(np.asarray(value), tensor_id)
+                for tensor_id, value in self._host_weights.items()
+                if tensor_id not in present and tensor_id.startswith(CHECKPOINT_PREFIXES)
+                and tensors[tensor_id].role in _STATE_ROLES]
+
+    def _source_data_files(self) -> set[Path]:
+        """Resolved external data files of the model the session was built from."""
+        files = set()
+        for init in self._model.proto.graph.initializer:
+            if init.data_location == onnx.TensorProto.EXTERNAL:
+                location = {e.key: e.value for e in init.external_data}.get("location", "")
+                files.add((self._model.base_dir / location).resolve())
+        return files
 
 
-def _write_external(init: onnx.TensorProto, value: np.ndarray, target_dir: Path) -> None:
-    """Write ``value`` into the external data file of ``init``, relative to ``target_dir``."""
-    info = {e.key: e.value for e in init.external_data}
-    path = target_dir / info["location"]
-    offset = int(info.get("offset", 0))
-    mode = "r+b" if path.exists() else "w+b"
-    with open(path, mode) as f:
-        f.seek(offset)
-        f.write(np.ascontiguousarray(value).tobytes())
+def _data_location(location: str, target: Path, sources: set[Path], same_model: bool,
+                   used: set[str]) -> str:
+    """Where (relative to ``target``'s folder) to write the data stored at ``location``: the
+    same name when it stays inside the folder and is not a file of the source model (unless
+    ``target`` replaces the source model), else a new name derived from ``target``."""
+    try:
+        dest = confined_path(target.parent, location, f"modelToHost('{target}')")
+        keep = same_model or dest not in sources
+    except popart_exception:
+        keep = False
+    if keep and location not in used:
+        used.add(location)
+        return location
+    stem = Path(location).name or "data"
+    candidate, n = f"{target.name}.{stem}", 0
+    while candidate in used or (target.parent / candidate).resolve() in sources:
+        n += 1
+        candidate = f"{target.name}.{n}.{stem}"
+    used.add(candidate)
+    return candidate
+
+
+def _write_external(items: list[tuple[onnx.TensorProto, np.ndarray]], target_dir: Path,
+                    location: str) -> None:
+    """Write the values of ``items`` one after another into ``location`` (in ``target_dir``,
+    atomically) and point each initializer at its bytes there."""
+    path = confined_path(target_dir, location, f"external data file '{location}'")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    chunks, offset = [], 0
+    for init, value in items:
+        raw = numpy_helper.from_array(np.asarray(value), init.name).raw_data
+        del init.external_data[:]
+        for key, entry in (("location", location), ("offset", str(offset)),
+                           ("length", str(len(raw)))):
+            init.external_data.add(key=key, value=entry)
+        init.data_location = onnx.TensorProto.EXTERNAL
+        init.ClearField("raw_data")
+        chunks.append(raw)
+        offset += len(raw)
+
+    def write(f) -> None:
+        for chunk in chunks:
+            f.write(chunk)
+
+    write_atomic(path, write)

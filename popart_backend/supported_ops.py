@@ -36,6 +36,7 @@ import onnx.defs
 
 from .dtypes import DataType
 from .errors import popart_exception
+from .files import write_text_atomic
 from .importer.gradient_op import PREVIEW_TRAINING
 from .ops import registry
 from .ops.registry import AI_GRAPHCORE, AI_ONNX
@@ -443,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{DOC_PATH} is stale; run python scripts/update_supported_ops_doc.py")
             return 1
         return 0
-    DOC_PATH.write_text(text)
+    write_text_atomic(DOC_PATH, text)
     print(f"wrote {DOC_PATH}")
     return 0
 

@@ -13,16 +13,18 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .dtypes import DataType
-from .errors import popart_exception
+from .dtypes import DataType, GraphcoreFloat8
+from .errors import NotImplementedOptionError, popart_exception
 from .ir.tensor import TensorInfo as IrTensorInfo
 
 __all__ = [
     "ExchangeStrategy",
     "InputSettings",
     "InputShapeInfo",
+    "ReplicatedStreamMode",
     "TensorInfo",
     "TileSet",
+    "getTensorInfo",
 ]
 
 
@@ -42,9 +44,19 @@ class ExchangeStrategy(enum.Enum):
     OverlapStep = 3
 
 
+class ReplicatedStreamMode(enum.Enum):
+    """How a host input reaches the replicas: its own slice for each (Replicate) or the same
+    data for all (Broadcast)."""
+
+    Replicate = 0
+    Broadcast = 1
+
+
 def _data_type(dtype) -> DataType:
     if isinstance(dtype, DataType):
         return dtype
+    if isinstance(dtype, GraphcoreFloat8):
+        raise dtype.refusal("TensorInfo")
     if isinstance(dtype, str):
         return DataType.from_string(dtype)
     if isinstance(dtype, (np.dtype, type)):
@@ -78,15 +90,19 @@ class TensorInfo:
     ``TensorInfo(DataType.FLOAT, [2, 3])`` or ``TensorInfo(array)``.
     """
 
-    __slots__ = ("_info",)
+    __slots__ = ("_info", "_meta_shape")
 
-    def __init__(self, dtype_or_array, shape: Iterable[int] | None = None):
+    def __init__(self, dtype_or_array, shape: Iterable[int] | None = None,
+                 metaShape: Iterable[int] = ()):  # noqa: N803 - PopART's name
+        # The full shape of a tensor whose shape is one replica's shard (PopART's RTS).
+        self._meta_shape = list(_shape(metaShape))
         if shape is None:
             if isinstance(dtype_or_array, IrTensorInfo):
                 self._info = dtype_or_array
                 return
             if isinstance(dtype_or_array, TensorInfo):
                 self._info = dtype_or_array._info
+                self._meta_shape = dtype_or_array.metaShape()
                 return
             if not isinstance(dtype_or_array, (np.ndarray, np.generic)):
                 raise popart_exception(
@@ -111,6 +127,35 @@ class TensorInfo:
 
     def shape(self) -> list[int]:
         return list(self._info.shape)
+
+    def set(self, dataType, shape: Iterable[int] | None = None,  # noqa: N803 - PopART's names
+            metaShape: Iterable[int] | None = None) -> None:  # noqa: N803
+        """Reset the type (and the shape, and the meta shape when given)."""
+        dims = self._info.shape if shape is None else _shape(shape)
+        self._info = IrTensorInfo(_data_type(dataType), dims)
+        if metaShape is not None:
+            self._meta_shape = list(_shape(metaShape))
+
+    def metaShape(self) -> list[int]:  # noqa: N802
+        """The full shape of a sharded tensor; [] when the tensor is not sharded."""
+        return list(self._meta_shape)
+
+    def dim(self, i: int) -> int:
+        if not -self.rank() <= i < self.rank():
+            raise popart_exception(f"TensorInfo.dim({i}): {self!r} has rank {self.rank()}.")
+        return self._info.shape[i]
+
+    def strides(self, shape: Iterable[int]) -> list[int]:
+        """Row-major strides, in elements, of ``shape``."""
+        dims = _shape(shape)
+        out, step = [], 1
+        for d in reversed(dims):
+            out.append(step)
+            step *= d
+        return out[::-1]
+
+    def dataType(self) -> DataType:  # noqa: N802
+        return self._info.dtype
 
     def data_type(self) -> str:
         """Upper-case PopART name, e.g. ``"FLOAT"``."""
@@ -143,6 +188,11 @@ class TensorInfo:
         return f"TensorInfo('{self.data_type()}', {self.shape()})"
 
     __str__ = __repr__
+
+
+def getTensorInfo(array) -> TensorInfo:  # noqa: N802 - PopART's name
+    """TensorInfo (type and shape) of a numpy array."""
+    return TensorInfo(np.asarray(array))
 
 
 class InputShapeInfo:
@@ -213,13 +263,16 @@ class InputShapeInfo:
 class InputSettings:
     """How one host input is streamed to the device (F102)."""
 
-    __slots__ = ("_tile_set", "_exchange_strategy")
+    __slots__ = ("_tile_set", "_exchange_strategy", "_replicated_stream_mode")
 
     def __init__(
         self,
-        tileSet: TileSet = TileSet.Compute,  # noqa: N803 - PopART's keyword
+        tileSet: TileSet | ReplicatedStreamMode = TileSet.Compute,  # noqa: N803 - PopART's
         exchangeStrategy: ExchangeStrategy = ExchangeStrategy.JustInTime,  # noqa: N803
     ):
+        mode = ReplicatedStreamMode.Replicate
+        if isinstance(tileSet, ReplicatedStreamMode):  # the InputSettings(mode) overload
+            mode, tileSet = tileSet, TileSet.Compute
         if not isinstance(tileSet, TileSet):
             raise popart_exception(
                 f"InputSettings: tileSet must be a TileSet (Compute or IO), not {tileSet!r}."
@@ -229,14 +282,26 @@ class InputSettings:
                 f"InputSettings: exchangeStrategy must be an ExchangeStrategy, not "
                 f"{exchangeStrategy!r}."
             )
+        if mode is ReplicatedStreamMode.Broadcast:
+            # The host would feed one un-replicated array that every replica reads; the
+            # session's feeds always carry one slice per replica.
+            raise NotImplementedOptionError(
+                "InputSettings(ReplicatedStreamMode.Broadcast): broadcasting one input to every "
+                "replica is not built yet. Use ReplicatedStreamMode.Replicate (the default) and "
+                "feed each replica its copy of the data."
+            )
         self._tile_set = tileSet
         self._exchange_strategy = exchangeStrategy
+        self._replicated_stream_mode = mode
 
     def tileSet(self) -> TileSet:  # noqa: N802
         return self._tile_set
 
     def exchangeStrategy(self) -> ExchangeStrategy:  # noqa: N802
         return self._exchange_strategy
+
+    def replicatedStreamMode(self) -> ReplicatedStreamMode:  # noqa: N802
+        return self._replicated_stream_mode
 
     def is_default(self) -> bool:
         return (self._tile_set is TileSet.Compute

@@ -11,18 +11,21 @@ functions in ``executor/executor.py``, the compile hooks in ``executor/compilati
 
 from __future__ import annotations
 
-from . import enums, optim, testing  # noqa: F401
+from . import enums, optim, profiling, testing  # noqa: F401
 from .blocks import *  # noqa: F401,F403
+from .custom_args import *  # noqa: F401,F403
 from .data import *  # noqa: F401,F403
 from .enums import *  # noqa: F401,F403
 from .errors import *  # noqa: F401,F403
 from .executor.compilation import *  # noqa: F401,F403
 from .executor.executor import *  # noqa: F401,F403
+from .internals import *  # noqa: F401,F403
 from .ops import *  # noqa: F401,F403
 from .options.enums import *  # noqa: F401,F403
 from .options.groups import *  # noqa: F401,F403
 from .options.logs import *  # noqa: F401,F403
 from .options.options import *  # noqa: F401,F403
+from .printing import *  # noqa: F401,F403
 
 __version__ = "0.1.0"
 

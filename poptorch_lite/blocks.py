@@ -37,6 +37,7 @@ from .errors import Error
 __all__ = [
     "AutoStage",
     "BeginBlock",
+    "BlockId",
     "Block",
     "BlockFunction",
     "ExecutionStrategy",
@@ -57,6 +58,9 @@ _HOOK_ATTR = "_poptorch_lite_block_hook"
 IPU_ATTR = "__ipu_number"
 STAGE_ATTR = "__pipeline_stage"
 BLOCK_ATTR = "__block_id"  # which block an ONNX node was traced in (read by place_model)
+
+# PopTorch's type of block ids (``BeginBlock(m, "id")``): a string.
+BlockId = str
 
 _state = {"tracing": False, "auto_id": None, "serial": 0}
 
@@ -252,6 +256,25 @@ class ExecutionStrategy:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(map(repr, self.stages))})"
 
+    def _all_stages(self) -> list[Stage]:
+        return self.stages
+
+    def stage(self, block_id) -> Stage:
+        """The Stage holding ``block_id`` (e.g. to pin it: ``strategy.stage("B").ipu(1)``)."""
+        block = str(block_id)
+        stages = self._all_stages()
+        for stage in stages:
+            if block in stage.blocks:
+                return stage
+        if not stages:
+            raise Error(f"{type(self).__name__}.stage({block_id!r}): this strategy numbers "
+                        f"stages automatically, so it has no Stage objects to look up; list "
+                        f"the stages explicitly, e.g. {type(self).__name__}(Stage({block!r}), "
+                        f"...), to address them.")
+        known = [b for s in stages for b in s.blocks]
+        raise Error(f"{type(self).__name__}.stage({block_id!r}): no stage holds block "
+                    f"{block!r}; known blocks: {', '.join(map(repr, known))}.")
+
 
 class PipelinedExecution(ExecutionStrategy):
     def __init__(self, *stages):
@@ -272,6 +295,13 @@ class Phase:
                                                                else [s])) for s in stages]
         self._ipus = None
 
+    def stage(self, idx: int) -> Stage:
+        """The phase's ``idx``-th Stage."""
+        if not isinstance(idx, int) or not -len(self.stages) <= idx < len(self.stages):
+            raise Error(f"Phase.stage({idx!r}): the phase has {len(self.stages)} stage(s); "
+                        f"give an index in 0..{len(self.stages) - 1}.")
+        return self.stages[idx]
+
     def ipus(self, *ipus: int) -> "Phase":
         if len(ipus) != len(self.stages):
             raise Error(f"Phase.ipus: {len(ipus)} IPU(s) given for {len(self.stages)} stage(s).")
@@ -288,6 +318,9 @@ class _PhasedExecution(ExecutionStrategy):
                                                               else [p])) for p in phases]
         super().__init__()
         self.separate_backward_phase = False
+
+    def _all_stages(self) -> list[Stage]:
+        return [stage for phase in self.phases for stage in phase.stages]
 
     def phase(self, index: int) -> Phase:
         return self.phases[index]

@@ -321,20 +321,27 @@ class AsynchronousDataAccessor:
                 continue
         return False
 
-    def __iter__(self):
+    def _ensure_started(self) -> None:
         if self._thread is None or not self._thread.is_alive():
             if self._thread is not None and self._queue is not None and not self._queue.empty():
-                pass  # the finished worker left an epoch in the queue: consume it
-            else:
-                self._start()
-        while True:
-            item = self._queue.get()
-            if item is _END:
-                return
-            if isinstance(item, _WorkerFailure):
-                raise Error(f"AsynchronousDataAccessor: the worker failed: "
-                            f"{type(item.exc).__name__}: {item.exc}") from item.exc
-            yield item
+                return  # the finished worker left an epoch in the queue: consume it
+            self._start()
+
+    def __iter__(self):
+        self._ensure_started()
+        return self
+
+    def __next__(self):
+        """The next prepared batch; StopIteration at the end of each epoch (the next call
+        starts the following one)."""
+        self._ensure_started()
+        item = self._queue.get()
+        if item is _END:
+            raise StopIteration
+        if isinstance(item, _WorkerFailure):
+            raise Error(f"AsynchronousDataAccessor: the worker failed: "
+                        f"{type(item.exc).__name__}: {item.exc}") from item.exc
+        return item
 
     def terminate(self) -> None:
         """Stop the worker thread and drop prepared batches."""

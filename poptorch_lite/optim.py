@@ -20,6 +20,8 @@ and the next run of the wrapper writes the loaded state to the device.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 __all__ = ["SGD", "Adam", "AdamW", "RMSprop", "LAMB", "VariableAttributes"]
@@ -76,6 +78,39 @@ class _IpuOptimizer:
         self.variable_attrs = VariableAttributes(variable, allowed)
         self._ipu_state: dict[str, torch.Tensor] = {}
         self._ipu_param: dict[str, float] = {}
+        self._holder = None  # weakref to the training wrapper running this optimizer
+        self._loaded = False  # state loaded while no wrapper held it, not on a device yet
+
+    def _wrapper(self):
+        holder = self.__dict__.get("_holder")  # absent after torch's __setstate__ (copies)
+        return holder() if holder is not None else None
+
+    @property
+    def ipu_state_is_dirty(self) -> bool:
+        """True when training runs changed the device state since the host last read it (the
+        next ``state_dict()`` reads it)."""
+        wrapper = self._wrapper()
+        return bool(wrapper is not None and wrapper._optimizer_state_dirty)
+
+    @property
+    def host_state_is_dirty(self) -> bool:
+        """True when a loaded host state waits to be written to the device (next run)."""
+        wrapper = self._wrapper()
+        return (self.__dict__.get("_loaded", False)
+                or bool(wrapper is not None and wrapper._optimizer_state_pending))
+
+    def has_state(self) -> bool:
+        """True if there is IPU optimizer state: read from or waiting on the device, or
+        loaded."""
+        return bool(self._ipu_state) or self.ipu_state_is_dirty
+
+    def get_state_dict(self):
+        """Same as ``state_dict()``."""
+        return self.state_dict()
+
+    def set_state_dict(self, state) -> None:
+        """Same as ``load_state_dict(state)``: the state needs ``ipu_state`` / ``ipu_param``."""
+        self.load_state_dict(state)
 
     def state_dict(self):
         """torch's state dict (read from the device when a wrapper holds this optimizer) plus
@@ -98,6 +133,20 @@ class _IpuOptimizer:
         super().load_state_dict(state_dict)  # the wrapper's post-hook marks it for the device
         self._ipu_state = {k: torch.as_tensor(v).clone() for k, v in ipu_state.items()}
         self._ipu_param = dict(ipu_param)
+        self._loaded = True
+
+
+def hold(optimizer, wrapper) -> None:
+    """Record ``wrapper`` (None: released) as the training wrapper running a lite optimizer;
+    its dirty flags then come from the wrapper."""
+    if isinstance(optimizer, _IpuOptimizer):
+        optimizer._holder = weakref.ref(wrapper) if wrapper is not None else None
+
+
+def written(optimizer) -> None:
+    """A wrapper wrote the optimizer's host state to its device."""
+    if isinstance(optimizer, _IpuOptimizer):
+        optimizer._loaded = False
 
 
 class SGD(_IpuOptimizer, torch.optim.SGD):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import math
 import warnings
 
@@ -51,6 +52,16 @@ _ADAM_KEYS = {"lr": "learningRate", "weight_decay": "weightDecay", "betas": ("be
 _ADAPTIVE_KEYS = {"lr": "learningRate", "weight_decay": "weightDecay", "alpha": "alpha",
                   "momentum": "momentum", "eps": "eps"}
 _DTYPES = {torch.float32: popart.DataType.FLOAT, torch.float16: popart.DataType.FLOAT16}
+# Param-group keys read besides the hyper-parameters of the tables above: checked or read by
+# _check_supported / _kind / _build, per torch class (LR schedulers add "initial_lr").
+_GROUP_KEYS = {"SGD": set(), "Adam": {"amsgrad", "decoupled_weight_decay"},
+               "AdamW": {"amsgrad", "decoupled_weight_decay"}, "LAMB": set(),
+               "RMSprop": {"centered"}, "Adagrad": {"lr_decay", "initial_accumulator_value"}}
+_COMMON_KEYS = {"params", "maximize", "initial_lr"}
+# How torch's own step() runs: the device runs its update, so these change nothing there.
+_IMPLEMENTATION_KEYS = ("foreach", "fused", "differentiable", "capturable")
+_log = logging.getLogger("poptorch_lite")
+_LOGGED: set[str] = set()
 _TORCH_CLASSES = (torch.optim.SGD, torch.optim.AdamW, torch.optim.Adam, torch.optim.RMSprop,
                   torch.optim.Adagrad)
 _LITE_CLASSES = (lite.SGD, lite.Adam, lite.AdamW, lite.RMSprop, lite.LAMB)
@@ -102,6 +113,7 @@ def translate(optimizer, model: torch.nn.Module, weights: dict[str, str],
                     "RMSprop": ("Adaptive", _ADAPTIVE_KEYS),
                     "Adagrad": ("Adaptive", _ADAPTIVE_KEYS)}[kind]
     _check_supported(optimizer, kind, groups)
+    _check_group_keys(optimizer, kind, groups, keys)
     attrs = [a for a in keys if a in groups[0]]
     if kind == "SGD" and "velocity_scaling" not in groups[0]:
         attrs.append("velocity_scaling")  # torch's SGD has none: always 1
@@ -245,6 +257,34 @@ def _check_supported(optimizer, kind: str, groups) -> None:
         if "loss_scaling" in group:
             raise Error(f"{name}: loss_scaling is global; remove it from param_groups[{index}] "
                         f"and pass it to the optimizer's constructor.")
+
+
+def _check_group_keys(optimizer, kind: str, groups, keys: dict) -> None:
+    """Every param-group key is used, checked, or (torch implementation switches) logged
+    once as having no effect; any other key is ignored with a warning, once per key."""
+    name = type(optimizer).__name__
+    known = set(keys) | _GROUP_KEYS[kind] | _COMMON_KEYS | set(_IMPLEMENTATION_KEYS)
+    if kind == "SGD":
+        known.add("velocity_scaling")
+    decoupled = optimizer.defaults.get("decoupled_weight_decay", False)
+    for index, group in enumerate(groups):
+        for key in sorted(k for k in group if k not in known):
+            # PopTorch ignores param-group keys it has no use for (users keep names and
+            # bookkeeping there); say so once per key rather than refuse a working program.
+            if ("group", key) not in _LOGGED:
+                _LOGGED.add(("group", key))
+                _log.warning("%s: param_groups[%d] key %r is ignored: %s on the device reads "
+                             "only %s.", name, index, key, kind, sorted(known - {"params"}))
+        if group.get("decoupled_weight_decay", decoupled) != decoupled:
+            raise Error(f"{name}: param_groups[{index}]['decoupled_weight_decay'] differs from "
+                        f"the optimizer's ({decoupled}); the device runs one weight decay "
+                        f"mode for all groups.")
+        for key in _IMPLEMENTATION_KEYS:
+            if group.get(key) and key not in _LOGGED:
+                _LOGGED.add(key)
+                _log.warning("%s: %s=%r has no effect in poptorch_lite: it selects how torch's "
+                             "own step() runs, and the device runs the update instead.",
+                             name, key, group[key])
 
 
 def _plain(value):

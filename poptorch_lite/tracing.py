@@ -20,6 +20,7 @@ import dataclasses
 import inspect
 import io
 import logging
+import re
 import traceback
 import warnings
 from typing import Any
@@ -285,13 +286,18 @@ def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedMod
                 f"{_first_lines(str(exc), 12)}\nData-dependent Python (.item(), int(t), "
                 f"`if t.sum() > 0`) cannot be compiled for the IPU: use torch.where or move it "
                 f"out of forward.", type="trace_error") from exc
-        program = torch.onnx.export(ep, dynamo=True, optimize=False, opset_version=OPSET,
-                                    verbose=False,
-                                    custom_translation_table={
-                                        **translations.translation_table(),
-                                        **ops.translation_table()})
+        _drop_dynamo_markers(ep)
+        try:
+            program = torch.onnx.export(ep, dynamo=True, optimize=False, opset_version=OPSET,
+                                        verbose=False,
+                                        custom_translation_table={
+                                            **translations.translation_table(),
+                                            **ops.translation_table()})
+        except Exception as exc:  # the exporter's ConversionError / TorchExportError ...
+            raise _conversion_error(exc, ep, excludes) from exc
     buffers.check_assignments(mutations)
     proto = program.model_proto
+    ops.control_flow.fix_trip_counts(proto.graph)  # for_loop: constant trip counts
     decomposed = getattr(program, "exported_program", None) or ep
     fx_custom = {n.name: dict(n.meta.get("custom") or {}) for n in decomposed.graph.nodes}
 
@@ -359,6 +365,20 @@ def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedMod
     return TracedModel(proto, signature, input_names, output_names, out_spec, output_constants,
                        sources, param_map, node_locations, "dynamo", updated, parameters,
                        tuple(input_updates), locations)
+
+
+def _drop_dynamo_markers(ep) -> None:
+    """Remove the ``_torchdynamo_disable*`` keys that torch's higher-order ops (``while_loop``
+    behind ``for_loop``) leave in the nodes' custom metadata: with the metadata preserved,
+    torch's decomposition pass finds them on placeholders with two different values and fails.
+    They only mark dynamo-disabled regions, which nothing after export reads."""
+    for module in ep.graph_module.modules():
+        graph = getattr(module, "graph", None)
+        for node in (graph.nodes if graph is not None else ()):
+            custom = node.meta.get("custom")
+            if custom and any(k.startswith("_torchdynamo_disable") for k in custom):
+                node.meta["custom"] = {k: v for k, v in custom.items()
+                                       if not k.startswith("_torchdynamo_disable")}
 
 
 def _export_torchscript(model, args, kwargs, micro, signature) -> TracedModel:
@@ -429,6 +449,36 @@ def _export_torchscript(model, args, kwargs, micro, signature) -> TracedModel:
                        param_map, {}, "torchscript")
 
 
+_FAILED_NODE = re.compile(r"Error when translating node %(\w+)\b")
+_FAILED_OP = re.compile(r"<OpOverload\(op='([\w.]+)', overload='(\w+)'\)>")
+
+
+def _conversion_error(exc: Exception, ep, excludes) -> Error:
+    """The ONNX exporter's failure as an Error naming the aten op and the user's line."""
+    chain, seen = [], set()
+    cause = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        chain.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    text = "\n".join(chain)
+    node_match, op_match = _FAILED_NODE.search(text), _FAILED_OP.search(text)
+    op = (f"{op_match.group(1)}.{op_match.group(2)}" if op_match else "")
+    location = ""
+    for node in ep.graph.nodes:
+        target = str(node.target)
+        if (node_match and node.name == node_match.group(1)) or (op and target == op):
+            op = op or target
+            location = location_from_stack_trace(node.meta.get("stack_trace") or "", excludes)
+            break
+    what = f"the op {op}" if op else "an op of the model"
+    summary = _first_lines(chain[-1], 3)
+    return Error(f"The ONNX export of the captured model failed at {what}: "
+                 f"{type(exc).__name__}: {summary}\nThis op has no ONNX form the IPU "
+                 f"backend can compile; rewrite that line with supported torch ops, or compute "
+                 f"it outside the model.", type="unsupported_op", location=location)
+
+
 # aten ops torch.export cannot capture (their output shape depends on the data) that are
 # losses of spec §2.8: refused by name rather than with the generic data-dependence hint.
 _UNSUPPORTED_LOSSES = {"aten._ctc_loss": "F.ctc_loss / nn.CTCLoss"}
@@ -492,12 +542,17 @@ def _annotate_nodes(proto: onnx.ModelProto, fx_custom: dict, excludes) -> dict[s
     """Write __source / block annotations and module-path names; returns name -> location."""
     locations = {}
     used_names = set()
+    conv_counts: dict = {}
     for index, node in enumerate(proto.graph.node):
         meta = {p.key: p.value for p in node.metadata_props}
         location = location_from_stack_trace(meta.get(_STACK_KEY, ""), excludes)
         scopes = _scopes(meta.get(_SCOPES_KEY, ""))
         base = "/".join(s for s in scopes[:-1] if s) if scopes else ""
         name = f"{base}/{node.op_type}" if base else (node.name or f"{node.op_type}_{index}")
+        # NameScope / Attribute / MultiConv contexts the node was traced in (ops/scopes.py)
+        recorded = fx_custom.get(_fx_name(meta.get(_FX_NODE_KEY, "")), {})
+        name = ops.scopes.annotate_node(node, recorded.get(ops.scopes.SCOPES_KEY, ()),
+                                        conv_counts) + name
         if name in used_names:
             name = f"{name}_{index}"
         used_names.add(name)

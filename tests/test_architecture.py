@@ -16,7 +16,8 @@ MODULES = load_modules()
 # Each layer may import only the layers listed for it, besides itself and the leaves: modules
 # of plain data that import nothing above them (errors, dtypes, DataFlow, the option values ...).
 # Read top to bottom, this is the data path.
-LEAVES = {"errors", "dtypes", "logging", "tensorinfo", "dataflow", "progress", "options"}
+LEAVES = {"errors", "dtypes", "logging", "tensorinfo", "dataflow", "progress", "options",
+          "files", "limits"}
 ALLOWED = {
     "ir": set(),
     "ops": {"ir"},

@@ -10,7 +10,6 @@ names. ``Builder`` inherits these methods from ``BuilderAnnotations``.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 from typing import Iterable
 
@@ -112,6 +111,21 @@ class Annotate:
 
     def __exit__(self, *exc):
         self._builder._context[self._key].pop()
+        return False
+
+
+class NameContextManager:
+    """Context manager of ``Builder.nameScope(name)``: pushes one name scope."""
+
+    def __init__(self, builder: "BuilderAnnotations", name: str):
+        self._builder, self._name = builder, name
+
+    def __enter__(self):
+        self._builder._name_scopes.append(self._name)
+        return self
+
+    def __exit__(self, *exc):
+        self._builder._name_scopes.pop()
         return False
 
 
@@ -375,16 +389,11 @@ class BuilderAnnotations:
         )
         return None
 
-    @contextlib.contextmanager
-    def nameScope(self, name: str):  # noqa: N802
+    def nameScope(self, name: str) -> "NameContextManager":  # noqa: N802
         """Prefix ``name/`` to the ids and node names created inside (nests)."""
         if not name or "/" in name:
             raise popart_exception(f"nameScope: '{name}' must be a non-empty name without '/'.")
-        self._name_scopes.append(name)
-        try:
-            yield
-        finally:
-            self._name_scopes.pop()
+        return NameContextManager(self, name)
 
     def getNameScope(self, name: str = "") -> str:  # noqa: N802
         return self._scope() + name

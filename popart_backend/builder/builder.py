@@ -24,8 +24,9 @@ from onnx.external_data_helper import set_external_data
 
 from ..dtypes import DataType
 from ..errors import ModelError, popart_exception
+from ..files import write_bytes_atomic
 from ..importer.graph_walk import captured_names
-from ..importer.onnx_model import LoadedModel, import_model, load_model
+from ..importer.onnx_model import LoadedModel, import_model, initializer_value, load_model
 from ..ir.op import RecomputeType
 from ..ir.tensor import TensorInfo as IrTensorInfo
 from ..tensorinfo import (
@@ -37,10 +38,35 @@ from ..tensorinfo import (
 from .annotations import BuilderAnnotations, annotation_attribute, python_attribute
 from .base import AI_GRAPHCORE, AI_ONNX, AI_ONNX_ML, Opset
 from .opsets import MAX_ONNX_OPSET, MIN_ONNX_OPSET, opset_class
+from .variable_settings import VariableSettings
 
 __all__ = ["Builder", "RecomputeType"]
 
 _log = logging.getLogger("popart:builder")
+_LOGGED: set[str] = set()
+
+
+def _log_once(key: str, message: str, *args) -> None:
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        _log.warning(message, *args)
+
+
+def _check_variable_settings(settings, tensor_id: str) -> None:
+    """Refuse replica groupings the simulator's replicated training cannot keep."""
+    if not isinstance(settings, VariableSettings):
+        raise popart_exception(
+            f"addInitializedInputTensor('{tensor_id}'): variableSettings must be a "
+            f"VariableSettings, got {type(settings).__name__}."
+        )
+    if not settings.is_single_copy():
+        raise popart_exception(
+            f"addInitializedInputTensor('{tensor_id}'): {settings!r} asks for replica-grouped "
+            f"variables (a copy per group, or every replica's value on the host); the simulated "
+            f"replicated training keeps one copy shared by all replicas. Use VariableSettings() "
+            f"(CommGroup All, OnePerGroup or AllReduceReplicas)."
+        )
+
 
 DEFAULT_ONNX_OPSET = 10
 
@@ -302,6 +328,11 @@ class Builder(BuilderAnnotations):
             raise popart_exception(
                 f"addInputTensor: settings must be an InputSettings, not {settings!r}."
             )
+        if info.metaShape():
+            raise popart_exception(
+                f"addInputTensor: {info!r} has metaShape {info.metaShape()}; inputs sharded "
+                f"over replicas are not modelled. Give the TensorInfo without a metaShape."
+            )
         tensor_id = self._unique_id(self._scope() + (debug_context or "input"))
         self._graph.input.append(
             helper.make_tensor_value_info(tensor_id, info.dtype.onnx, info.shape())
@@ -313,12 +344,27 @@ class Builder(BuilderAnnotations):
         self._changed()
         return tensor_id
 
-    def addInitializedInputTensor(self, initVal, debugContext: str = "") -> str:  # noqa: N802,N803
-        """An initializer holding ``initVal``: a weight in training (F15)."""
+    def addInitializedInputTensor(self, initVal, *args, **kwargs) -> str:  # noqa: N802,N803
+        """An initializer holding ``initVal``: a weight in training (F15).
+
+        ``(initVal, debugContext="")`` or ``(initVal, variableSettings, debugContext="")``.
+        Variables shared by every replica (``VariableSettings()``, CommGroup All) are what the
+        simulator trains; other replica groupings are refused (see ``variable_settings.py``)."""
+        settings = kwargs.pop("variableSettings", None)
+        if args and isinstance(args[0], VariableSettings):
+            settings, args = args[0], args[1:]
+        debugContext = kwargs.pop("debugContext", args[0] if args else "")  # noqa: N806
+        if kwargs or len(args) > 1:
+            raise popart_exception(
+                "addInitializedInputTensor: expected (initVal, debugContext) or (initVal, "
+                f"variableSettings, debugContext); got extra {args[1:]!r} {sorted(kwargs)}."
+            )
         array = np.asarray(initVal)
         DataType.from_numpy(array.dtype)  # raises for dtypes ONNX cannot hold
         if not isinstance(debugContext, str):
             raise popart_exception("addInitializedInputTensor: debugContext must be a string.")
+        if settings is not None:
+            _check_variable_settings(settings, debugContext)
         tensor_id = self._unique_id(self._scope() + (debugContext or "init_input"))
         self._graph.initializer.append(numpy_helper.from_array(array, tensor_id))
         self._changed()
@@ -361,12 +407,12 @@ class Builder(BuilderAnnotations):
                 f"'{self._external_dir}', and the model must sit in that folder to find them. "
                 f"Save the model there."
             )
-        Path(filename).write_bytes(self.getModelProto())
+        write_bytes_atomic(filename, self.getModelProto())
 
     def saveInitializersExternally(self, ids: Iterable[str], filename) -> None:  # noqa: N802
         """Move the data of initializers ``ids`` to ``filename``; the model keeps a reference
         by file name, so keep the file next to the saved model."""
-        ids = [ids] if isinstance(ids, str) else list(ids)
+        ids = [ids] if isinstance(ids, str) else list(dict.fromkeys(ids))
         inits = {init.name: init for init in self._graph.initializer}
         missing = [i for i in ids if i not in inits]
         if missing:
@@ -380,17 +426,25 @@ class Builder(BuilderAnnotations):
                 f"saveInitializersExternally: external data already lives in "
                 f"'{self._external_dir}'; use one folder for all external data."
             )
-        offset = 0
-        with open(path, "wb") as f:
-            for tensor_id in ids:
-                init = inits[tensor_id]
-                init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init), tensor_id))
-                raw = init.raw_data
-                f.write(raw)
-                set_external_data(init, path.name, offset=offset, length=len(raw))
-                init.data_location = onnx.TensorProto.EXTERNAL
-                init.ClearField("raw_data")
-                offset += len(raw)
+        # Initializers already in that file are written again, or replacing it would lose them.
+        ids += [init.name for init in self._graph.initializer
+                if init.name not in ids and init.data_location == onnx.TensorProto.EXTERNAL
+                and {e.key: e.value for e in init.external_data}.get("location") == path.name]
+        # Build the new initializers first: the model changes only once the file is in place.
+        offset, chunks, updated = 0, [], []
+        for tensor_id in ids:
+            value = initializer_value(inits[tensor_id], self._external_dir or path.parent)
+            init = numpy_helper.from_array(value, tensor_id)
+            raw = init.raw_data
+            chunks.append(raw)
+            set_external_data(init, path.name, offset=offset, length=len(raw))
+            init.data_location = onnx.TensorProto.EXTERNAL
+            init.ClearField("raw_data")
+            updated.append((inits[tensor_id], init))
+            offset += len(raw)
+        write_bytes_atomic(path, b"".join(chunks))
+        for old, new in updated:
+            old.CopyFrom(new)
         self._external_dir = path.parent
         self._changed()
 
@@ -446,6 +500,29 @@ class Builder(BuilderAnnotations):
         self._subgraph_count = count + 1
         child.setGraphName(f"{self._graph.name or 'graph'}_subgraph{count}")
         return child
+
+    _createSubgraphBuilder = createSubgraphBuilder  # noqa: N815 - PopART's binding name
+
+    def embedReplicationFactor(self, replicationFactor: int) -> None:  # noqa: N802,N803
+        """Record the replication factor in the model's metadata (key ``replicationFactor``).
+        Sessions take theirs from SessionOptions, so the value is information only."""
+        if not isinstance(replicationFactor, int) or replicationFactor < 1:
+            raise popart_exception(
+                f"embedReplicationFactor: expected a positive int, got {replicationFactor!r}."
+            )
+        _log_once("embedReplicationFactor", "Builder.embedReplicationFactor(%d) stores the value "
+                  "in the model only: sessions replicate as SessionOptions.replicatedGraphCount "
+                  "says.", replicationFactor)
+        props = [p for p in self._model.metadata_props if p.key != "replicationFactor"]
+        del self._model.metadata_props[:]
+        self._model.metadata_props.extend(props)
+        entry = self._model.metadata_props.add()
+        entry.key, entry.value = "replicationFactor", str(replicationFactor)
+        self._changed()
+
+    def aiOnnxOpsetVersion(self, version: int) -> None:  # noqa: N802
+        """Choose the ai.onnx opset ``aiOnnx`` builds with (fixed once chosen, as PopART)."""
+        self._fix_opset(AI_ONNX, int(version), f"aiOnnxOpset{version}")
 
     def _visible(self, tensor_id: str) -> bool:
         """A tensor of this builder or of an enclosing one (ONNX outer-scope reference)."""

@@ -30,6 +30,7 @@ import onnx
 import onnx.defs
 from onnx import AttributeProto, helper, numpy_helper
 
+from ..dtypes import DataType
 from ..errors import popart_exception
 from ..ir.signature import REQUIRED, AttrSpec, BuilderMethod
 from ..ops.registry import all_registered
@@ -65,6 +66,20 @@ _EXTRA_PARAMS = {
     # whether its value may be overwritten by the host, which nothing here can do.
     "Constant": (("is_value_const", False),),
 }
+
+
+def _data_type_code(value):
+    """PopART's ``cast`` takes the target type by name ("FLOAT16", "INT32", "BOOL" ...), which
+    the node stores as its ONNX code; codes and DataType values pass too."""
+    if isinstance(value, str):
+        return int(DataType.from_string(value).onnx)
+    if isinstance(value, DataType):
+        return int(value.onnx)
+    return value
+
+
+# Attributes a PopART method takes in another form than the node stores: (op, name) -> conversion.
+_CONVERSIONS = {("Cast", "to"): _data_type_code}
 
 
 @dataclass(frozen=True)
@@ -111,7 +126,10 @@ def spec_from_schema(schema: onnx.defs.OpSchema, version: int, domain: str) -> O
     """OpSpec of an ONNX schema as seen by a model importing ``domain`` at ``version``."""
     first = _FIRST_ATTRIBUTES.get(schema.name, ())
     attrs = [
-        AttrSpec(a.name, int(a.type), _schema_default(a)) for a in schema.attributes.values()
+        AttrSpec(a.name, int(a.type), _schema_default(a),
+                 convert=_CONVERSIONS.get((schema.name, a.name))
+                 if a.type == AttributeProto.INT else None)
+        for a in schema.attributes.values()
     ]
     # Required attributes first (they have no default), then alphabetical, as PopART generates.
     attrs.sort(key=lambda a: (a.name not in first, not a.required, a.name))
@@ -159,16 +177,18 @@ def onnx_specs(domain: str, version: int) -> dict[str, OpSpec]:
 
 def _graphcore_spec(op_type: str, method: BuilderMethod) -> OpSpec:
     lo, hi = method.inputs if isinstance(method.inputs, tuple) else (method.inputs,) * 2
+    out_lo, out_hi = method.outputs if isinstance(method.outputs, tuple) else (method.outputs,) * 2
     return OpSpec(
         op_type=op_type,
         domain=AI_GRAPHCORE,
         version=1,
         min_inputs=lo,
         max_inputs=hi,
-        min_outputs=method.outputs,
-        max_outputs=method.outputs,
+        min_outputs=out_lo,
+        max_outputs=out_hi,
         attrs=method.attrs,
         takes_args=method.takes_args,
+        variable_outputs=out_lo != out_hi,
         returned_outputs=method.returned,
         write_defaults=True,
     )

@@ -25,6 +25,7 @@ from ..transforms.tensor_locations import (
 from .cost import CycleResult, collective_replicas, compute_cycles
 from .io_overlap import HostIO, HostStream
 from .memory import IoBuffer, MemoryResult, check_fits, compute_memory, storage_roots
+from .option_model import option_model
 from .pipeline_cost import PipelineInfo
 from .spec import IpuSpec
 from .transfers import BatchInfo
@@ -133,15 +134,18 @@ def analyse(ir: Ir, order: Sequence[Op], device_info, options=None,
         for s in (io.streams if io is not None else ()) if io.on_io_tiles(s)
     ]
     # IPUs are reported as far as ops are placed on them (replicas are identical).
+    effects = option_model(ir, order, options, keep)  # batch serialisation, buffering ...
     memory = compute_memory(ir.main, order, spec, keep=keep, off_chip=off_chip,
-                            io_tile_buffers=on_io, num_io_tiles=num_io_tiles, io_streams=buffers)
+                            io_tile_buffers=on_io, num_io_tiles=num_io_tiles, io_streams=buffers,
+                            effects=effects)
     # A pipelined program is timed by its cycle table, with the device's SyncPattern deciding
     # which IPUs wait for host transfers.
     pipeline = (PipelineInfo.from_program(program, getattr(device_info, "syncPattern", None))
                 if program is not None else None)
     # Collectives span every replica of every process under global replication.
     replicas = collective_replicas(options, batch.replication_factor)
-    cycles = compute_cycles(ir.main, order, spec, batch, io, off_chip, pipeline, replicas)
+    cycles = compute_cycles(ir.main, order, spec, batch, io, off_chip, pipeline, replicas,
+                            effects)
     name = f"{device_info.type.name} {spec.name} x{device_info.numIpus}"
     return DeviceModel(spec=spec, device=name, memory=memory, cycles=cycles,
                        locations=locations, io=io)

@@ -36,7 +36,7 @@ device/transfers.py), and sums the step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 from ..ir.graph import Graph
@@ -51,6 +51,7 @@ from .op_cost import (
     _with_tiles,
     op_cycles,
 )
+from .option_model import OptionModel
 from .pipeline_cost import (
     PipelineCycles,
     PipelineInfo,
@@ -189,7 +190,8 @@ def compute_cycles(graph: Graph, order: Sequence[Op], spec: IpuSpec,
                    batch: BatchInfo | None = None, io: HostIO | None = None,
                    off_chip: Iterable[str] = (),
                    pipeline: PipelineInfo | None = None,
-                   replicas: int | None = None) -> CycleResult:
+                   replicas: int | None = None,
+                   effects: OptionModel | None = None) -> CycleResult:
     """Per-op and per-step cycles of ``graph`` run in ``order`` (one replica).
 
     ``io``: the host streams with their tile sets and exchange strategies and the IO tiles per
@@ -197,8 +199,11 @@ def compute_cycles(graph: Graph, order: Sequence[Op], spec: IpuSpec,
     ``batch``. ``off_chip``: tensors in streaming memory (storage roots). ``pipeline``: the
     stages and depth of a pipelined program, whose step follows its cycle table. ``replicas``:
     the replicas collectives span (``collective_replicas``; default the batch's local
-    replication factor).
+    replication factor). ``effects``: what the session options ask of the model
+    (device/option_model.py: batch-serialised ops' syncs, merged collectives, grouped host
+    syncs).
     """
+    effects = effects or OptionModel()
     batch = batch or BatchInfo()
     if replicas is None:
         replicas = batch.replication_factor
@@ -220,6 +225,7 @@ def compute_cycles(graph: Graph, order: Sequence[Op], spec: IpuSpec,
                     _normal_stage(t.producer),
                 ))
         result.ops.append(op_cycles(op, compute_spec, position, replicas))
+    _apply_option_effects(result.ops, order, effects, spec)
     result.remote = _remote_transfers(graph, order, spec, set(off_chip))
     if io is None:
         io = HostIO(streams=(
@@ -234,6 +240,9 @@ def compute_cycles(graph: Graph, order: Sequence[Op], spec: IpuSpec,
         result.host_input_cycles = _host_transfer_cycles(input_bytes, spec)
     if anchor_bytes:
         result.host_anchor_cycles = _host_transfer_cycles(anchor_bytes, spec)
+        if effects.group_host_sync and input_bytes:
+            # groupHostSync: the anchors ride the step's last input sync.
+            result.host_anchor_cycles -= spec.ipu_sync_latency_cycles
     if pipeline is not None:
         result.pipeline = _pipeline_cycles(spec, result.ops, result.links, result.remote,
                                            pipeline, [s for s in serial if s.is_input])
@@ -243,6 +252,24 @@ def compute_cycles(graph: Graph, order: Sequence[Op], spec: IpuSpec,
                      else result.fragment_cycles(ExecutionContext.Normal))
         result.overlap = overlap_io(io, batch, spec, iteration)
     return result
+
+
+def _apply_option_effects(ops: list[OpCycles], order: Sequence[Op], effects: OptionModel,
+                          spec: IpuSpec) -> None:
+    """A batch-serialised op pays one sync per slice; of the collectives of a merged kind in
+    one fragment on one IPU only the first pays the IPU sync (device/option_model.py)."""
+    merged_seen: set[tuple[str, ExecutionContext, int]] = set()
+    for i, (op, oc) in enumerate(zip(order, ops)):
+        syncs = effects.op_syncs(op)
+        if syncs > 1:
+            oc = replace(oc, sync_cycles=oc.sync_cycles * syncs)
+        if op.op_type in effects.merged_collectives and oc.collective_cycles:
+            key = (op.op_type, oc.context, oc.ipu)
+            if key in merged_seen:
+                oc = replace(oc, collective_cycles=max(
+                    0, oc.collective_cycles - spec.ipu_sync_latency_cycles))
+            merged_seen.add(key)
+        ops[i] = oc
 
 
 def _normal_stage(op: Op) -> int | None:

@@ -133,6 +133,11 @@ class DeviceInfo:
         return self._spec.name
 
     @property
+    def ipuVersion(self) -> str:  # noqa: N802 - PopART's name
+        """The IPU architecture, e.g. ``"ipu2"``."""
+        return self._spec.name
+
+    @property
     def id(self) -> int:
         return self._id
 
@@ -373,6 +378,33 @@ class DeviceManager:
         if connectionType is DeviceConnectionType.Always and not device.attach():
             return None
         return device
+
+    def tryAcquireAvailableDevice(self, *args, **kwargs) -> DeviceInfo | None:  # noqa: N802
+        """``acquireAvailableDevice``'s arguments; None when no such device is free (which
+        ``acquireAvailableDevice`` also returns here)."""
+        return self.acquireAvailableDevice(*args, **kwargs)
+
+    def tryAcquireDeviceById(self, *args, **kwargs) -> DeviceInfo | None:  # noqa: N802
+        """``acquireDeviceById``'s arguments; None when that device is busy."""
+        return self.acquireDeviceById(*args, **kwargs)
+
+    def createOfflineIpuFromDeviceInfo(self, deviceInfo: DeviceInfo) -> DeviceInfo:  # noqa: N802,N803
+        """A compile-only device of the same IPU version, IPU count, tiles and sync pattern."""
+        if not isinstance(deviceInfo, DeviceInfo):
+            raise popart_exception(
+                f"createOfflineIpuFromDeviceInfo: expected a DeviceInfo, got "
+                f"{type(deviceInfo).__name__}."
+            )
+        return self.createOfflineIPUDevice({
+            "numIPUs": deviceInfo.numIpus, "tilesPerIPU": deviceInfo.tilesPerIPU,
+            "ipuVersion": deviceInfo.version,
+            "syncPattern": syncPatternToString(deviceInfo.syncPattern),
+        })
+
+    def createOfflineIpuFromSystemString(self, system: str, numIpus: int) -> DeviceInfo:  # noqa: N802,N803
+        """A compile-only device of ``numIpus`` IPUs of the architecture ``system``
+        (e.g. "ipu2")."""
+        return self.createOfflineIPUDevice({"numIPUs": numIpus, "ipuVersion": system})
 
     def setOnDemandAttachTimeout(self, attachTimeout: int) -> None:  # noqa: N802,N803
         """Seconds an OnDemand device keeps retrying to attach (F45)."""

@@ -55,6 +55,7 @@ from ..errors import OutOfMemoryException, popart_internal_exception
 from ..ir.graph import Graph
 from ..ir.op import ExecutionContext, Op, RecomputeType
 from ..ir.tensor import Tensor, TensorKind, TensorRole
+from .option_model import OptionModel, early_var_update_order
 from .spec import IpuSpec
 
 __all__ = [
@@ -230,18 +231,24 @@ class _Span:
 def compute_memory(graph: Graph, order: Sequence[Op], spec: IpuSpec,
                    keep: Iterable[str] = (), num_ipus: int = 1,
                    off_chip: Iterable[str] = (), io_tile_buffers: Iterable[str] = (),
-                   num_io_tiles: int = 0, io_streams: Iterable[IoBuffer] = ()) -> MemoryResult:
+                   num_io_tiles: int = 0, io_streams: Iterable[IoBuffer] = (),
+                   effects: OptionModel | None = None) -> MemoryResult:
     """Memory of ``graph`` run in ``order`` on IPUs of ``spec``.
 
     ``keep``: tensors live to the end of the schedule (anchors, graph outputs read back).
     ``off_chip``: tensors stored in streaming memory (storage roots: an in-place output shares
     its input's location); ``io_tile_buffers``: those of them whose on-chip buffers sit on the IO
     tiles. ``num_io_tiles``: IO tiles per IPU; ``io_streams``: the host-stream buffers they hold.
-    IPUs 0..max(num_ipus, highest placement) - 1 are reported.
+    IPUs 0..max(num_ipus, highest placement) - 1 are reported. ``effects``: what the session
+    options ask of the model (device/option_model.py: batch-serialised activations, input
+    stream buffering depths, early weight updates).
     """
+    effects = effects or OptionModel()
     keep = set(keep) | set(graph.outputs)
     off_chip = set(off_chip)
     on_io = set(io_tile_buffers)
+    if effects.early_var_updates:  # delayVarUpdates = False
+        order = early_var_update_order(graph, order)
     order = recompute_late_order(order)
     position = {op.id: i for i, op in enumerate(order)}
     last = len(order) - 1
@@ -298,7 +305,8 @@ def compute_memory(graph: Graph, order: Sequence[Op], spec: IpuSpec,
                     span[1] = last
 
     items = [
-        _Span(tid, ipu, start, end, category[tid], graph.tensors[tid].info.num_bytes,
+        _Span(tid, ipu, start, end, category[tid],
+              _option_bytes(effects, tid, category[tid], graph.tensors[tid].info.num_bytes),
               str(graph.tensors[tid].info))
         for (tid, ipu), (start, end) in spans.items()
     ]
@@ -330,6 +338,16 @@ def compute_memory(graph: Graph, order: Sequence[Op], spec: IpuSpec,
         memory.streaming_capacity_bytes = spec.streaming_memory_bytes
         result.ipus.append(memory)
     return result
+
+
+def _option_bytes(effects: OptionModel, tid: str, cat: str, num_bytes: int) -> int:
+    """Bytes of a tensor as the session options have it: a batch-serialised activation is live
+    one slice at a time, an input stream keeps its buffering depth of buffers."""
+    if cat == "activations":
+        return effects.activation_bytes(tid, num_bytes)
+    if cat == "streams":
+        return effects.stream_bytes(tid, num_bytes)
+    return num_bytes
 
 
 def _ipu(op: Op) -> int:

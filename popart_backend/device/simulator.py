@@ -50,7 +50,8 @@ _ACC_FLUSH = 3  # add, then copy the accumulator into the host chunk
 
 
 class SimulatedDevice:
-    """One compiled Program, ready to run. ``synthetic`` is 'off', 'zeros' or 'random_normal'.
+    """One compiled Program, ready to run. ``synthetic`` is 'off', 'zeros', 'random_normal'
+    or 'random_uniform'.
 
     ``comm`` (a ``device.distributed.ReplicaComm``) says how the local replicas reach the
     replicas of other processes; default: all replicas are local.
@@ -264,13 +265,17 @@ class SimulatedDevice:
         total = self.program.micro_batches_per_run
         if self.synthetic == "zeros":
             return [[zero] * total for zero in self._zero_inputs]
-        if self.synthetic == "random_normal":
+        if self.synthetic in ("random_normal", "random_uniform"):
             feeds = []
             for stream, zero in zip(self.program.inputs, self._zero_inputs):
                 if stream.info.dtype is DataType.STRING:
                     feeds.append([zero] * total)  # no random strings: ""
                     continue
-                values = torch.randn((total, *stream.info.shape), generator=self._generator)
+                shape = (total, *stream.info.shape)
+                if self.synthetic == "random_normal":
+                    values = torch.randn(shape, generator=self._generator)
+                else:  # U(-1, 1), converted to the input's type like the normal draw
+                    values = torch.rand(shape, generator=self._generator).mul_(2.0).sub_(1.0)
                 feeds.append(values.to(stream.info.dtype.torch).unbind(0))
             return feeds
         return None

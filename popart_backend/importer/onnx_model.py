@@ -12,6 +12,7 @@ replaced by its chosen branch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -19,23 +20,29 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from .. import ops  # noqa: F401  (registers every op)
 from ..dtypes import DataType
-from ..errors import ModelError, ShapeError, UnsupportedOpError
-from ..ir.ir import Ir
+from ..errors import (
+    ModelError,
+    ResourceLimitError,
+    ShapeError,
+    UnsupportedOpError,
+    popart_exception,
+)
+from ..ir.ir import CHECKPOINT_PREFIXES, Ir
 from ..ir.op import OpSettings, RecomputeType
 from ..ir.tensor import TensorInfo, TensorKind, TensorRole
-from ..ops.control_flow import Body, SubgraphOp
+from ..limits import ENV_VAR, check_bytes
+from ..ops.control_flow import Body, Loop, SubgraphOp
 from ..ops.fused import FUSED_DOMAIN
 from ..ops.registry import (
     AI_ONNX,
     const_input_positions,
-    modified_input_positions,
     create_op,
     find,
     make_attrs,
+    modified_input_positions,
     normalize_domain,
     resolve,
 )
@@ -43,6 +50,7 @@ from ..transforms.const_fold import try_fold
 from .gradient_op import add_gradient, is_gradient_node
 from .graph_walk import captured_names, nodes_in_order
 from .sequences import StaticSequences
+from .tensor_data import check_model_bounds, tensor_value
 from .value_io import ValueIO
 
 _log = logging.getLogger("popart:ir")
@@ -55,6 +63,7 @@ ANNOTATION_PREFIX = "__"
 class LoadedModel:
     proto: onnx.ModelProto
     base_dir: Path  # folder external data is read from
+    path: Path | None = None  # the .onnx file, when loaded from one
 
 
 def load_model(model) -> LoadedModel:
@@ -87,72 +96,49 @@ def load_model(model) -> LoadedModel:
             proto = onnx.load(str(path), load_external_data=False)
         except Exception as exc:
             raise ModelError(f"Could not read ONNX model '{path}': {exc}") from None
-        return LoadedModel(proto, path.resolve().parent)
+        return LoadedModel(proto, path.resolve().parent, path.resolve())
     raise ModelError(
         f"A model must be a path, bytes or onnx.ModelProto, not {type(model).__name__}."
     )
 
 
-def initializer_value(init: onnx.TensorProto, base_dir: Path) -> np.ndarray:
-    """The numpy value of an initializer, reading external data only from inside ``base_dir``."""
-    if init.data_location == onnx.TensorProto.EXTERNAL:
-        info = {e.key: e.value for e in init.external_data}
-        location = info.get("location", "")
-        target = (base_dir / location).resolve()
-        if not location or os.path.isabs(location) or not target.is_relative_to(base_dir.resolve()):
-            raise ModelError(
-                f"Initializer '{init.name}' stores its data in '{location}', outside the model's "
-                f"folder '{base_dir}'. External data is read only from the model's folder; move "
-                f"the file next to the model."
-            )
-        if not target.is_file():
-            raise ModelError(
-                f"Initializer '{init.name}': external data file '{target}' does not exist."
-            )
-        offset = int(info.get("offset", 0))
-        count = int(np.prod(init.dims, dtype=np.int64))
-        # 4-bit and 2-bit types are packed in the file (DataType.bits).
-        num_bytes = (count * DataType.from_onnx(init.data_type).bits + 7) // 8
-        with open(target, "rb") as f:
-            f.seek(offset)
-            raw = f.read(num_bytes)
-        if len(raw) != num_bytes:
-            raise ModelError(
-                f"Initializer '{init.name}': external file '{location}' holds {len(raw)} bytes at "
-                f"offset {offset}, {num_bytes} needed."
-            )
-        # onnx decodes raw bytes of every type (ml_dtypes arrays for float8, int4 ...).
-        inline = onnx.TensorProto()
-        inline.CopyFrom(init)
-        del inline.external_data[:]
-        inline.data_location = onnx.TensorProto.DEFAULT
-        inline.raw_data = raw
-        return numpy_helper.to_array(inline).copy()
-    return numpy_helper.to_array(init).copy()
+def initializer_value(init: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
+    """The numpy value of an initializer, reading external data only from inside ``base_dir``
+    (checked against the resource guard first: importer/tensor_data.py)."""
+    return tensor_value(init, base_dir, f"Initializer '{init.name}'")
 
 
-def attribute_value(attr: onnx.AttributeProto):
-    """A Python value for an ONNX attribute (tensors as numpy arrays, graphs as GraphProto)."""
-    value = onnx.helper.get_attribute_value(attr)
+def attribute_value(attr: onnx.AttributeProto, base_dir: Path | None = None):
+    """A Python value for an ONNX attribute (tensors as numpy arrays, graphs as GraphProto).
+
+    Tensor attributes with external data read it only from inside ``base_dir``."""
+    try:
+        value = onnx.helper.get_attribute_value(attr)
+    except Exception as exc:  # onnx's ValueError for an attribute of no or unknown type
+        raise ModelError(f"Attribute '{attr.name}': {exc}") from None
+    what = f"Attribute '{attr.name}'"
     if attr.type == onnx.AttributeProto.TENSOR:
-        return numpy_helper.to_array(value)
+        return tensor_value(value, base_dir, what)
     if attr.type == onnx.AttributeProto.TENSORS:
-        return tuple(numpy_helper.to_array(v) for v in value)
-    if attr.type == onnx.AttributeProto.STRING:
-        return value.decode("utf-8")
-    if attr.type == onnx.AttributeProto.STRINGS:
-        return tuple(v.decode("utf-8") for v in value)
+        return tuple(tensor_value(v, base_dir, what) for v in value)
+    try:
+        if attr.type == onnx.AttributeProto.STRING:
+            return value.decode("utf-8")
+        if attr.type == onnx.AttributeProto.STRINGS:
+            return tuple(v.decode("utf-8") for v in value)
+    except UnicodeDecodeError:
+        raise ModelError(f"{what}: its strings are not UTF-8.") from None
     if isinstance(value, list):
         return tuple(value)
     return value
 
 
-def split_annotations(node: onnx.NodeProto) -> tuple[dict, dict]:
+def split_annotations(node: onnx.NodeProto, base_dir: Path | None = None) -> tuple[dict, dict]:
     """(ONNX attribute values, PopART ``__`` annotations) of a node."""
     values, annotations = {}, {}
     for attr in node.attribute:
         target = annotations if attr.name.startswith(ANNOTATION_PREFIX) else values
-        target[attr.name] = attribute_value(attr)
+        target[attr.name] = attribute_value(attr, base_dir)
     return values, annotations
 
 
@@ -207,7 +193,9 @@ def tensor_info_of(value_info: onnx.ValueInfoProto, shape_info: dict) -> TensorI
                 f"Input '{name}' has unknown dimension {i} ('{label}'). Shapes on the simulated "
                 f"IPU are static: give it with InputShapeInfo().add('{name}', TensorInfo(...))."
             )
-    return TensorInfo(DataType.from_onnx(ttype.elem_type), tuple(dims))
+    info = TensorInfo(DataType.from_onnx(ttype.elem_type), tuple(dims))
+    check_bytes(info.num_bytes, f"Input '{name}' {info}")
+    return info
 
 
 def import_model(
@@ -224,19 +212,26 @@ def import_model(
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     proto = loaded.proto
+    check_model_bounds(proto)  # names, nesting depth and declared bytes, before reading any
     opsets = {normalize_domain(o.domain): o.version for o in proto.opset_import}
     opsets.setdefault(AI_ONNX, 1 if not proto.opset_import else opsets.get(AI_ONNX, 1))
     ir = Ir(opsets)
     graph = ir.main
     shape_info = dict(input_shape_info or {})
 
-    scope = _Scope(ir, graph, strict_op_versions)
+    scope = _Scope(ir, graph, strict_op_versions, base_dir=loaded.base_dir)
     ir.value_io = ValueIO()  # sequence / optional graph inputs and outputs (importer/sequences.py)
     initializer_names = set()
     weight_uses = _weight_uses(proto.graph, opsets)
     state = _modified_in_place(proto.graph, opsets)
+    read_names = (weight_uses | state | {n for node in proto.graph.node for n in node.input}
+                  | {o.name for o in proto.graph.output})
     for init in proto.graph.initializer:
         value = initializer_value(init, loaded.base_dir)
+        if init.name.startswith(CHECKPOINT_PREFIXES) and init.name not in read_names:
+            # Training state saved by modelToHost: the pass that creates it takes the value.
+            ir.restored_state[init.name] = value
+            continue
         info = TensorInfo.of(value)
         # A weight is a float initializer read as data by some op. Integer initializers and
         # operands only read at compile time (shapes, axes, scales) stay constants. An
@@ -268,11 +263,39 @@ def import_model(
     return ir
 
 
+def _node_where(node: onnx.NodeProto) -> str:
+    return f"{node.op_type} '{node.name or (node.output[0] if node.output else '')}'"
+
+
+@contextlib.contextmanager
+def _model_errors(node: onnx.NodeProto):
+    """Errors onnx, numpy or torch raise on a malformed node become ModelError naming it."""
+    try:
+        yield
+    except popart_exception:
+        raise
+    except MemoryError:
+        raise ResourceLimitError(
+            f"{_node_where(node)}: the host ran out of memory importing it. Lower "
+            f"{ENV_VAR} so the resource guard refuses such models before allocating."
+        ) from None
+    except Exception as exc:  # re-raised with the node; nothing carries on
+        raise ModelError(
+            f"{_node_where(node)}: the node is malformed or unsupported "
+            f"({type(exc).__name__}: {exc})."
+        ) from exc
+
+
 def add_node(ir: Ir, node: onnx.NodeProto, strict: bool = True, scope: "_Scope | None" = None):
     """Resolve, create and connect the op of one NodeProto, folding it when constant.
 
     ``scope`` is the graph being imported (default: the main graph); subgraph attributes of
     the node are imported into subgraphs of ``ir`` as the op's bodies (ops.control_flow)."""
+    with _model_errors(node):
+        return _add_node(ir, node, strict, scope)
+
+
+def _add_node(ir: Ir, node: onnx.NodeProto, strict: bool, scope: "_Scope | None"):
     domain = normalize_domain(node.domain)
     if domain == FUSED_DOMAIN:
         raise ModelError(
@@ -286,8 +309,8 @@ def add_node(ir: Ir, node: onnx.NodeProto, strict: bool = True, scope: "_Scope |
             f"import (opset_import has {sorted(ir.opsets)})."
         )
     cls, version = resolve(node.op_type, domain, opset, strict)
-    where = f"{node.op_type} '{node.name or node.output[0]}'"
-    values, annotations = split_annotations(node)
+    where = _node_where(node)
+    values, annotations = split_annotations(node, scope.base_dir if scope is not None else None)
     attrs = make_attrs(cls, version, values, where)
     op = cls(attrs, node_settings(node, annotations), version)
     graph = scope.graph if scope is not None else ir.main
@@ -311,29 +334,50 @@ def add_node(ir: Ir, node: onnx.NodeProto, strict: bool = True, scope: "_Scope |
         op.attrs = dataclasses.replace(attrs, **bodies)
         inputs += op.captured_ids()
     graph.add_op(op, inputs, list(node.output))
+    _check_sizes(op, where)
     try_fold(graph, op)
     return op
+
+
+def _check_sizes(op, where: str) -> None:
+    """The resource guard on what the op declares: each output, and a Loop's work (its constant
+    trip count times the bytes of its body), before anything computes or allocates them."""
+    for tensor in op.outputs:
+        if tensor is not None:
+            check_bytes(tensor.info.num_bytes, f"{where}: output '{tensor.id}' {tensor.info}")
+    if isinstance(op, Loop) and op.inputs and op.inputs[0] is not None and op.inputs[0].is_const:
+        trips = int(np.asarray(op.inputs[0].data).reshape(-1)[0])
+        body_bytes = sum(t.info.num_bytes for t in op.attrs.body.graph.tensors.values())
+        check_bytes(max(trips, 0) * max(body_bytes, 1),
+                    f"{where}: {trips} iterations over a body of {body_bytes} bytes")
 
 
 class _Scope:
     """One graph being imported, inside the scopes of its enclosing graphs (ONNX lexical
     scoping: a body may read any tensor of an enclosing graph by name)."""
 
-    def __init__(self, ir: Ir, graph, strict: bool, parent: "_Scope | None" = None):
+    def __init__(self, ir: Ir, graph, strict: bool, parent: "_Scope | None" = None,
+                 base_dir: Path | None = None):
         self.ir = ir
         self.graph = graph
         self.strict = strict
         self.parent = parent
+        # The folder external data (of initializers and tensor attributes) is read from.
+        self.base_dir = parent.base_dir if parent is not None else base_dir
         self.sequences = StaticSequences(graph, self)
 
     def add(self, node: onnx.NodeProto) -> None:
         """Import one node: a sequence op, a constant If (inlined) or an op."""
+        with _model_errors(node):
+            self._add(node)
+
+    def _add(self, node: onnx.NodeProto) -> None:
         domain = normalize_domain(node.domain)
         found = find(node.op_type, domain, self.ir.opsets.get(domain, 0))
         if found is not None and found[0].expands_at_import(node, self.sequences):
             cls, version = found
             # The ops a sequence node becomes keep its placement (__ipu_number ...).
-            values, annotations = split_annotations(node)
+            values, annotations = split_annotations(node, self.base_dir)
             where = f"{node.op_type} '{node.name or node.output[0]}'"
             attrs = make_attrs(cls, version, values, where)
             self.sequences.add(cls, node, attrs, node_settings(node, annotations))
@@ -341,7 +385,7 @@ class _Scope:
         if is_gradient_node(node):
             for name in node.input:
                 self.lookup(name, f"Gradient '{node.name}'")
-            values, annotations = split_annotations(node)
+            values, annotations = split_annotations(node, self.base_dir)
             add_gradient(self.graph, node, values, node_settings(node, annotations))
             return
         for name in node.input:
@@ -410,7 +454,7 @@ class _Scope:
     def _add_graph_content(self, proto: onnx.GraphProto, where: str) -> None:
         """Initializers, nodes and outputs of a subgraph into this scope's graph."""
         for init in proto.initializer:
-            self.graph.add_const(init.name, numpy_helper.to_array(init).copy())
+            self.graph.add_const(init.name, initializer_value(init, self.base_dir))
         for node in nodes_in_order(proto, outer_ok=True):
             self.add(node)
         for out in proto.output:
@@ -429,7 +473,7 @@ class _Scope:
     def _inline_if(self, node: onnx.NodeProto, cond: bool) -> None:
         """An If with a constant condition: the chosen branch's nodes join this graph and
         Identity ops give its outputs the If's output names."""
-        attrs = {a.name: attribute_value(a) for a in node.attribute}
+        attrs = {a.name: attribute_value(a, self.base_dir) for a in node.attribute}
         branch = attrs["then_branch" if cond else "else_branch"]
         where = f"If '{node.name or node.output[0]}'"
         if len(branch.output) < len([o for o in node.output if o]):
@@ -438,7 +482,7 @@ class _Scope:
                 f"{len(node.output)}."
             )
         for init in branch.initializer:
-            self.graph.add_const(init.name, numpy_helper.to_array(init).copy())
+            self.graph.add_const(init.name, initializer_value(init, self.base_dir))
         for inner in nodes_in_order(branch, outer_ok=True):
             self.add(inner)
         settings = node_settings(node, {})

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..errors import popart_exception
+from ..files import confined_path, write_text_atomic
 from ..options.enums import DotCheck
 from .graph import Graph
 from .ir import Ir
@@ -109,13 +110,16 @@ class DotWriter:
         paths = []
         for g, ops in graphs:
             label = "r" if g is ir.main else g.id
+            # Graph ids come from the model's node names: no path separators in file names.
+            label = label.replace("/", "_").replace("\\", "_")
             paths.append(self._write_file(self.log_dir / f"{name}_{label}.dot",
                                           self._graph_lines(g, ops)))
         return paths
 
     def _write_file(self, path: Path, body: list[str]) -> Path:
         _log.info("Writing dot file %s", path)
-        path.write_text("\n".join(["digraph net {", 'size="6,6";', *body, "}"]) + "\n")
+        confined_path(self.log_dir, path.name, "DOT file")
+        write_text_atomic(path, "\n".join(["digraph net {", 'size="6,6";', *body, "}"]) + "\n")
         return path
 
     def _graph_lines(self, graph: Graph, order: Sequence[Op]) -> list[str]:

@@ -25,6 +25,7 @@ import logging
 import os
 from typing import Callable, Iterator
 
+from ..files import write_text_atomic
 from .graph import Graph
 from .ir import Ir
 from .op import Op, RecomputeType
@@ -107,8 +108,7 @@ def ir_to_json(ir: Ir, graph_name: str = "") -> dict[str, list[dict]]:
 
 def dump_ir(ir: Ir, path, graph_name: str = "") -> None:
     _log.info("Writing ir to %s", path)
-    with open(path, "w") as f:
-        json.dump(ir_to_json(ir, graph_name), f)
+    write_text_atomic(path, json.dumps(ir_to_json(ir, graph_name)))
 
 
 def maybe_dump_ir(ir: Ir, graph_name: str = "") -> None:

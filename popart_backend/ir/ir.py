@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from ..errors import popart_exception
+from ..options.patterns import Patterns
 from .graph import Graph
+
+
+# Prefixes of the training state modelToHost writes next to the weights (momenta, moments, step
+# counters, gradient accumulators): a model read back with them resumes where it stopped.
+CHECKPOINT_PREFIXES = ("Accl___", "Accl1___", "Accl2___", "Accl3___", "Step___", "Accum___")
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,9 @@ class Ir:
         # Sequence / optional values of the graph's inputs and outputs (an
         # importer.value_io.ValueIO, set by the importer; the session reads it).
         self.value_io = None
+        # The session's Patterns (options/patterns.py): the rewrites of
+        # transforms/apply_patterns.py and the in-place pass read which ones are enabled.
+        self.patterns: Patterns = Patterns()
 
         # --- facts passes leave for later passes (written by the first, read by the others) --
         # The ops of the forward graph (assign_virtual_graphs, before autodiff; read by
@@ -80,6 +92,27 @@ class Ir:
         # What the optimizer added (apply_optimizer; read by shard_variables and the session's
         # updateOptimizerFromHost). None until the optimizer ran.
         self.optimizer_tensors: OptimizerTensors | None = None
+        # Training state stored in the model (a checkpoint written by modelToHost): tensor id
+        # -> value. The importer fills it with the unused initializers named with a
+        # CHECKPOINT_PREFIXES prefix; the passes that create that state take their start
+        # values from it (``initial_state``); the session reports what no pass took.
+        self.restored_state: dict[str, np.ndarray] = {}
+
+    def initial_state(self, tensor_id: str, default: np.ndarray) -> np.ndarray:
+        """The start value of the state variable ``tensor_id``: the model's stored value if it
+        has one (checked against ``default``'s shape and dtype), else ``default``."""
+        stored = self.restored_state.pop(tensor_id, None)
+        if stored is None:
+            return default
+        if stored.shape != default.shape or stored.dtype != default.dtype:
+            raise popart_exception(
+                f"The model stores '{tensor_id}' as {stored.dtype}{list(stored.shape)}, but this "
+                f"session's training state of that name is {default.dtype}"
+                f"{list(default.shape)}. Build the session with the optimizer (and its "
+                f"accumulator / state types) the model was saved with, or remove the "
+                f"initializer '{tensor_id}' from the model to start that state afresh."
+            )
+        return np.array(stored, copy=True)
 
     def create_graph(self, graph_id: str) -> Graph:
         graph = Graph(graph_id, self)

@@ -47,14 +47,16 @@ class AttrSpec:
 class BuilderMethod:
     """``builder.aiGraphcore.<name>(args, <attrs with defaults>, debugContext="")``.
 
-    ``inputs`` is the number of ``args`` (or a (min, max) range); the method returns the first
-    ``returned`` of the node's ``outputs`` ids when set (PopART's ``ctcloss`` returns only the
-    loss); ``takes_args=False`` for ops without inputs (``init``).
+    ``inputs`` is the number of ``args`` (or a (min, max) range); ``outputs`` a count, or a
+    (min, max) range for ops whose method takes ``num_outputs`` after ``args`` (ai.graphcore
+    ``batchnormalization``); the method returns the first ``returned`` of the node's ``outputs``
+    ids when set (PopART's ``ctcloss`` returns only the loss); ``takes_args=False`` for ops
+    without inputs (``init``).
     """
 
     name: str
     inputs: int | tuple[int, int]
-    outputs: int = 1
+    outputs: int | tuple[int, int] = 1
     attrs: tuple[AttrSpec, ...] = ()
     returned: int | None = None
     takes_args: bool = True

@@ -17,6 +17,7 @@ from . import matmul  # noqa: F401
 from . import conv  # noqa: F401
 from . import pool  # noqa: F401
 from . import norm  # noqa: F401
+from . import norm_local  # noqa: F401
 from . import softmax  # noqa: F401
 from . import random  # noqa: F401
 from . import resize  # noqa: F401
@@ -28,6 +29,9 @@ from . import graphcore_elementwise  # noqa: F401
 from . import graphcore_identity  # noqa: F401
 from . import graphcore_shape  # noqa: F401
 from . import graphcore_reduce  # noqa: F401
+from . import graphcore_indexing  # noqa: F401
+from . import graphcore_misc  # noqa: F401
+from . import graphcore_spline  # noqa: F401
 from . import collectives  # noqa: F401
 from . import control_flow  # noqa: F401
 from . import sequences  # noqa: F401

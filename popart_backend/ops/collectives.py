@@ -26,6 +26,7 @@ restores the full shape.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Sequence
@@ -34,7 +35,7 @@ import torch
 
 from ..errors import ShapeError, popart_exception
 from ..ir.op import Op
-from ..ir.signature import INTS, AttrSpec, BuilderMethod
+from ..ir.signature import INT, INTS, AttrSpec, BuilderMethod
 from ..ir.tensor import TensorInfo
 from ..options.enums import CommGroupType
 from .graphcore_common import comm_group
@@ -50,6 +51,25 @@ __all__ = [
     "replica_groups",
     "shard_layout",
 ]
+
+
+def collective_add_only(value):
+    """PopART's ``collectiveOperator``: the simulated collectives sum, so only Add (0, the
+    default) is accepted; it is left out of the node."""
+    name = value.name if isinstance(value, enum.Enum) else value
+    if name not in (None, "Add", 0):
+        raise popart_exception(
+            f"collectiveOperator {value!r} is not supported: the simulated IPU's replicated "
+            f"collectives sum (CollectiveOperator.Add). Scale the result for a mean."
+        )
+
+
+# PopART's order: collectiveOperator, then commGroup.
+_COLLECTIVE_ATTRS = (
+    AttrSpec("__collectiveOperator", INT, None, param="collectiveOperator",
+             convert=collective_add_only),
+    AttrSpec("__collectiveCommGroup", INTS, None, param="commGroup", convert=comm_group),
+)
 
 
 def replica_groups(comm_group: tuple[int, int] | None, num_replicas: int,
@@ -90,12 +110,7 @@ class ReplicatedAllReduce(Op):
     Its gradient is the all-reduce of the output gradient over the same group.
     """
 
-    builder_method = BuilderMethod(
-        "replicatedallreduce",
-        1,
-        1,
-        (AttrSpec("__collectiveCommGroup", INTS, None, param="commGroup", convert=comm_group),),
-    )
+    builder_method = BuilderMethod("replicatedallreduce", 1, 1, _COLLECTIVE_ATTRS)
 
     foldable = False
     collective = True
@@ -203,6 +218,20 @@ class _ShardingCollective(Op):
             )
         return groups
 
+    def _group_size(self) -> int:
+        """The replica group size of ``commGroup``, known when the graph is built."""
+        group = self.settings.comm_group
+        if group is not None and group[0] == CommGroupType.Ungrouped.value:
+            return 1
+        if group is None or group[0] == CommGroupType.All.value or group[1] < 1:
+            raise popart_exception(
+                f"{self.debug_name}: the shard count of a reduce-scatter over all replicas is "
+                f"the replication factor, which the graph does not know when it is built. Pass "
+                f"commGroup=popart.CommGroup(popart.CommGroupType.Consecutive, "
+                f"<replicatedGraphCount>) (or the group you mean)."
+            )
+        return group[1]
+
     def _check_shards(self) -> None:
         if self.attrs.num_shards < 1:
             raise ShapeError(f"{self.debug_name}: num_shards must be >= 1, got "
@@ -213,14 +242,19 @@ class _ShardingCollective(Op):
 class ReplicatedReduceScatter(_ShardingCollective):
     """Sum over the replicas of the group, then member j keeps shard j (f[s], ShardLayout).
 
-    Its gradient is the all-gather of the shard gradients.
+    Its gradient is the all-gather of the shard gradients. From the Builder
+    (``replicatedreducescatter``) the shard count is the size of the ``commGroup``'s groups.
     """
+
+    builder_method = BuilderMethod("replicatedreducescatter", 1, 1, _COLLECTIVE_ATTRS)
 
     @dataclass(frozen=True)
     class Attrs:
-        num_shards: int = 1
+        num_shards: int = 0  # 0: the size of the op's replica groups (set by the Builder)
 
     def infer(self, x):
+        if self.attrs.num_shards == 0:
+            self.attrs = type(self.attrs)(num_shards=self._group_size())
         self._check_shards()
         self._layout = shard_layout(x.nelms, self.attrs.num_shards)
         self._shape = tuple(x.shape)

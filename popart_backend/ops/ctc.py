@@ -51,7 +51,8 @@ class Ctc(Op):
         "ctcloss",
         4,
         2,
-        (REDUCTION_ATTR, AttrSpec("blank", INT, 0), AttrSpec("outDataType", STRING, "UNDEFINED")),
+        (REDUCTION_ATTR, AttrSpec("blank", INT, 0), AttrSpec("outDataType", STRING, "UNDEFINED"),
+         AttrSpec("zeroInfinity", INT, 0)),
         returned=1,
     )
 
@@ -60,6 +61,7 @@ class Ctc(Op):
         reduction: int = 1
         blank: int = 0
         outDataType: str = "UNDEFINED"
+        zeroInfinity: int = 0  # impossible alignments (infinite loss) count 0, with 0 gradient
 
     def infer(self, log_probs, targets, input_lengths, target_lengths):
         if self.attrs.reduction not in _REDUCTIONS:
@@ -87,6 +89,10 @@ class Ctc(Op):
         nll, alpha = torch.ops.aten._ctc_loss(lp, targets, ilen, tlen, self.attrs.blank, False)
         grad = torch.ops.aten._ctc_loss_backward(torch.ones_like(nll), lp, targets, ilen, tlen,
                                                  nll, alpha, self.attrs.blank, False)
+        if self.attrs.zeroInfinity:
+            impossible = torch.isinf(nll)
+            nll = nll.masked_fill(impossible, 0.0)
+            grad = grad.masked_fill(impossible.view(1, -1, 1), 0.0)
         mode = _REDUCTIONS[self.attrs.reduction]
         if mode == "sum":
             loss = nll.sum()
@@ -100,7 +106,8 @@ class Ctc(Op):
         per_sample = _output_or_none(self, 1)
         if per_sample is None:  # the node left out the gradient output: compute it again
             per_sample = g.op("Ctc", *(g.input(i) for i in range(4)), domain=GC, num_outputs=2,
-                              reduction=2, blank=self.attrs.blank)[1]
+                              reduction=2, blank=self.attrs.blank,
+                              zeroInfinity=self.attrs.zeroInfinity)[1]
         g.set_input_grad(0, g.op("CtcGrad", g.output_grad(0), per_sample, g.input(3), domain=GC,
                                  reduction=self.attrs.reduction))
 

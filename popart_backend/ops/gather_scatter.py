@@ -28,7 +28,9 @@ from ..ir.tensor import TensorInfo
 from .base import UInt64, check_dtypes, normalize_axis
 from .registry import AI_GRAPHCORE, register_op
 
-_INDEX_DTYPES = (DataType.INT32, DataType.INT64)
+# uint32 too: Graphcore's BERT gathers embeddings with uint32 ids. Held as int64 on the
+# simulator (never negative), range-checked like the others.
+_INDEX_DTYPES = (DataType.INT32, DataType.INT64, DataType.UINT32)
 
 # ONNX reduction name -> torch scatter_reduce name, and the opset that introduced it.
 _REDUCTIONS = {"add": ("sum", 16), "mul": ("prod", 16), "max": ("amax", 18), "min": ("amin", 18)}
@@ -37,7 +39,8 @@ _REDUCTIONS = {"add": ("sum", 16), "mul": ("prod", 16), "max": ("amax", 18), "mi
 def _check_index_dtype(op: Op, info: TensorInfo, what: str = "indices") -> None:
     if info.dtype not in _INDEX_DTYPES:
         raise ShapeError(
-            f"{op.debug_name}: {what} must be int32 or int64, got {info}. Cast them first."
+            f"{op.debug_name}: {what} must be int32, int64 or uint32, got {info}. Cast them "
+            f"first."
         )
 
 

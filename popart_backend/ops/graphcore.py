@@ -13,8 +13,10 @@ NoReduction 2. ``ScatterReduction`` arrives as the lower-case name the builder w
 
 The ops are split by family: elementwise in ``graphcore_elementwise.py``, pass-through and
 buffer ops in ``graphcore_identity.py``, shape ops in ``graphcore_shape.py``, reductions and
-scatter in ``graphcore_reduce.py``, the shared checks in ``graphcore_common.py``; GroupNormalization
-stays here. Every name stays importable from this module.
+scatter in ``graphcore_reduce.py``, Slice, the grouped gather / scatter, Bucketize and Sort in
+``graphcore_indexing.py``, NearbyInt, IncrementMod, TensorRemap, NormalizeImage and ai.graphcore
+BatchNormalization in ``graphcore_misc.py``, the spline ops in ``graphcore_spline.py``, the shared
+checks in ``graphcore_common.py``; GroupNormalization stays here.
 """
 
 from __future__ import annotations

@@ -61,7 +61,14 @@ REDUCTION_ATTR = AttrSpec("reduction", INT, 1, convert=reduction_type)
 def scatter_reduction(value):
     """PopART's ScatterReduction (Sum, Max, Min, None) as the lower-case string the node stores."""
     if isinstance(value, enum.Enum):
-        value = value.name
+        value = value.value if isinstance(value.value, str) else value.name
+    if isinstance(value, str) and value.lower() in ("mul", "noreduction"):
+        value = {"mul": "mul", "noreduction": "none"}[value.lower()]
+    if value == "mul":
+        raise popart_exception(
+            "ScatterReduction.Mul is not implemented by the simulated IPU's scatterreduce; use "
+            "Sum, Max, Min or NoReduction."
+        )
     if not isinstance(value, str) or value.lower() not in ("sum", "max", "min", "none"):
         raise popart_exception(
             f"Unknown ScatterReduction {value!r}; use Sum, Max, Min or None."

@@ -95,6 +95,7 @@ class ScatterReduce(Op):
             AttrSpec("axis_size", INT, REQUIRED),
             AttrSpec("axis", INT, -1),
             AttrSpec("reduction", STRING, "sum", convert=scatter_reduction),
+            AttrSpec("enable_index_broadcast", INT, 1),
         ),
     )
 
@@ -103,6 +104,7 @@ class ScatterReduce(Op):
         axis_size: int
         axis: int = -1
         reduction: str = "sum"
+        enable_index_broadcast: int = 1  # 0: index must have src's shape
 
     def infer(self, src, index):
         if self.attrs.reduction not in _SCATTER_REDUCE:
@@ -111,13 +113,16 @@ class ScatterReduce(Op):
         axis = normalize_axis(self, self.attrs.axis, src.rank)
         if index.dtype not in _INT_DTYPES:
             raise ShapeError(f"{self.debug_name}: index {index} must be integer.")
-        if index.shape == (src.shape[axis],) and src.rank > 1:
+        broadcast = self.attrs.enable_index_broadcast
+        if index.shape == (src.shape[axis],) and src.rank > 1 and broadcast:
             self._index_view = tuple(-1 if a == axis else 1 for a in range(src.rank))
         elif index.shape == src.shape:
             self._index_view = None
         else:
             raise ShapeError(f"{self.debug_name}: index {index} must have src's shape "
-                             f"{list(src.shape)} or be 1-D of length {src.shape[axis]}.")
+                             f"{list(src.shape)}" + (f" or be 1-D of length {src.shape[axis]}."
+                                                     if broadcast else
+                                                     " (enable_index_broadcast=0)."))
         if self.attrs.axis_size < 1:
             raise ShapeError(f"{self.debug_name}: axis_size {self.attrs.axis_size} must be >= 1.")
         self._axis = axis
@@ -144,7 +149,8 @@ class ScatterReduce(Op):
     def grad(self, g):
         g.set_input_grad(0, g.op("ScatterReduceGrad", g.output_grad(0), g.input(0), g.input(1),
                                  g.output(0), domain=GC, axis_size=self.attrs.axis_size,
-                                 axis=self.attrs.axis, reduction=self.attrs.reduction))
+                                 axis=self.attrs.axis, reduction=self.attrs.reduction,
+                                 enable_index_broadcast=self.attrs.enable_index_broadcast))
 
 
 @register_op("ScatterReduceGrad", versions=1, domain=GC)

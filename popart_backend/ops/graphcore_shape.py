@@ -63,9 +63,14 @@ class Reverse(Op):
         dimensions: tuple[int, ...]
 
     def infer(self, x):
-        dims = [normalize_axis(self, d, x.rank) for d in self.attrs.dimensions]
+        given = list(self.attrs.dimensions)
+        if any(not -x.rank <= d < x.rank for d in given):
+            raise ShapeError(f"{self.debug_name}: dimensions {given} must be axes of the input "
+                             f"{x}: 0..{x.rank - 1} (or -{x.rank}..-1 from the end).")
+        dims = [normalize_axis(self, d, x.rank) for d in given]
         if len(set(dims)) != len(dims):
-            raise ShapeError(f"{self.debug_name}: dimensions {list(self.attrs.dimensions)} repeat.")
+            raise ShapeError(f"{self.debug_name}: dimensions {given} name an axis of {x} twice; "
+                             f"list each axis once.")
         self._dims = tuple(dims)
         return x
 

@@ -1,5 +1,6 @@
-"""Normalizations: BatchNormalization, LayerNormalization, InstanceNormalization,
-GroupNormalization, LRN and MeanVarianceNormalization, with the gradients of the first four.
+"""Normalizations: BatchNormalization, LayerNormalization, InstanceNormalization and
+GroupNormalization, with their gradients (LRN and MeanVarianceNormalization are in
+``norm_local.py``).
 
 BatchNormalization is the inference computation with the running statistics; in an inference
 graph its running-mean/var outputs return the input statistics unchanged. In a TrainingSession
@@ -120,10 +121,14 @@ class BatchNormalization(_Normalization):
         self._cast = {
             i: dtype for i, info in enumerate((scale, b, mean, var)) if info.dtype.torch != dtype
         }
-        # Y, then the running mean and var (versions < 14 list two more training-only outputs,
-        # saved_mean and saved_var, which an inference graph does not have: asking for them
-        # fails at import with the output count).
-        return [x, mean, var]
+        # Y, then the running mean and var; versions < 14 list two more training outputs,
+        # saved_mean and saved_var (PopART's num_outputs=5), the batch's statistics. An
+        # inference graph still normalizes with the running statistics (DESIGN decision 5).
+        if (self.num_outputs or 0) <= 3 or self.version >= 14:
+            return [x, mean, var]
+        self._batch_axes = (0,) if not spatial else (0, *range(2, x.rank))
+        saved = TensorInfo(x.dtype, (math.prod(param_shape),))
+        return [x, mean, var, saved, saved]
 
     def kernel(self, x, scale, b, mean, var):
         if self._cast or self._flat is not None:
@@ -143,7 +148,10 @@ class BatchNormalization(_Normalization):
         if len(self.outputs) == 1:
             return y
         # Inference leaves the running statistics as they were.
-        return y, mean.clone(), var.clone()
+        if len(self.outputs) <= 3:
+            return y, mean.clone(), var.clone()
+        batch_var, batch_mean = torch.var_mean(x, self._batch_axes, correction=0)
+        return y, mean.clone(), var.clone(), batch_mean.reshape(-1), batch_var.reshape(-1)
 
     def grad(self, g):
         _batch_norm_grads(self, g, g.input(3), g.input(4), training=0)
@@ -165,15 +173,17 @@ class BatchNormalization(_Normalization):
                 )
             stat.role = TensorRole.RUNNING_STAT
         attrs = self.attrs
+        saved = len(self.outputs) > 3  # the node's own saved_mean and saved_var outputs
         new = create_op(
             "BatchNormalizationTraining",
             {"epsilon": attrs.epsilon, "momentum": attrs.momentum,
-             "spatial": getattr(attrs, "spatial", 1)},
+             "spatial": getattr(attrs, "spatial", 1), "saved_var": int(saved)},
             self.settings, domain=AI_GRAPHCORE, where=self.debug_name,
         )
         base, graph = self.outputs[0].id, self.graph
-        outputs = list(self.outputs) + [None] * (3 - len(self.outputs)) + [
-            graph.unique_id(f"{base}/batch_mean"), graph.unique_id(f"{base}/batch_invstd")]
+        outputs = list(self.outputs) if saved else list(self.outputs) + [None] * (
+            3 - len(self.outputs)) + [graph.unique_id(f"{base}/batch_mean"),
+                                      graph.unique_id(f"{base}/batch_invstd")]
         return TrainingForm(new, [t.id for t in self.inputs], outputs)
 
 
@@ -195,7 +205,8 @@ class BatchNormalizationTraining(_Normalization):
     momentum is 1 - ONNX's), where the running variance takes the unbiased batch variance
     (torch's rule; ONNX's reference uses the biased one). Outputs: Y, the updated running mean
     and var (aliases of inputs 3, 4), and the batch mean and 1/sqrt(var + epsilon) that the
-    gradient reuses.
+    gradient reuses; with ``saved_var`` (the node's saved_mean / saved_var outputs) the last
+    is the biased batch variance instead.
     """
 
     is_normalization = True
@@ -208,6 +219,7 @@ class BatchNormalizationTraining(_Normalization):
         epsilon: float = 1e-5
         momentum: float = 0.9
         spatial: int = 1
+        saved_var: int = 0
 
     def infer(self, x, scale, b, mean, var):
         param_shape = (x.shape[1],) if self.attrs.spatial else x.shape[1:]
@@ -248,10 +260,12 @@ class BatchNormalizationTraining(_Normalization):
         if self._cast:
             mean.copy_(running_mean.view(mean.shape))
             var.copy_(running_var.view(var.shape))
+        if self.attrs.saved_var:
+            saved_invstd = saved_invstd.pow(-2).sub_(self.attrs.epsilon)
         return y.view(x.shape), mean, var, saved_mean.to(self._dtype), saved_invstd.to(self._dtype)
 
     def grad(self, g):
-        _batch_norm_grads(self, g, g.output(3), g.output(4), training=1)
+        _batch_norm_grads(self, g, g.output(3), g.output(4), training=1 + self.attrs.saved_var)
 
 
 @register_op("BatchNormalizationGrad", versions=1, domain=AI_GRAPHCORE)
@@ -259,7 +273,8 @@ class BatchNormalizationGrad(_Normalization):
     """dX, dScale, dB (those in ``wrt``) of batch normalization, by torch's backward kernel.
 
     Inputs: dY, X, scale, B (for its dtype), then the statistics: with ``training`` the batch
-    mean and inverse std the forward saved, else the running mean and variance.
+    mean and inverse std the forward saved (``training=2``: the batch variance instead of the
+    inverse std), else the running mean and variance.
     """
 
     flops_per_element = 8
@@ -284,6 +299,8 @@ class BatchNormalizationGrad(_Normalization):
         if self._flat is not None:
             dy, x = dy.reshape(self._flat), x.reshape(self._flat)
             scale, stat0, stat1 = scale.reshape(-1), stat0.reshape(-1), stat1.reshape(-1)
+        if self.attrs.training == 2:
+            stat1 = (stat1 + self.attrs.epsilon).rsqrt()
         if self.attrs.training:
             args = (None, None, stat0, stat1, True)
         else:
@@ -590,110 +607,3 @@ class GroupNormalizationGrad(_Normalization):
             db = None if db is None else db.view(groups, -1).sum(1)
         grads = _cast_grads((dx, dscale, db), (x.dtype, scale.dtype, b.dtype))
         return pick_grads(grads, self.attrs.wrt)
-
-
-@register_op("LRN", versions=(1, 13))
-class LRN(Op):
-    """Y = X / (bias + alpha / size * sum of X^2 over nearby channels) ^ beta."""
-
-    @dataclass(frozen=True)
-    class Attrs:
-        size: int
-        alpha: float = 1e-4
-        beta: float = 0.75
-        bias: float = 1.0
-
-    def infer(self, x):
-        if x.rank < 3:
-            raise ShapeError(f"{self.debug_name}: X {x} must be [N, C, D1..Dn] with n >= 1.")
-        size = self.attrs.size
-        if size < 1:
-            raise ShapeError(f"{self.debug_name}: size={size} must be >= 1.")
-        # ONNX's channel window is [c - floor((size-1)/2), c + ceil((size-1)/2)]; torch's
-        # local_response_norm centres even sizes the other way, so the sum is built here.
-        self._pad = (0, 0, (size - 1) // 2, size - 1 - (size - 1) // 2)
-        self._planes = (x.shape[0], 1, x.shape[1], math.prod(x.shape[2:]))
-        return x
-
-    def kernel(self, x):
-        at = self.attrs
-        sq = F.pad((x * x).reshape(self._planes), self._pad)
-        mean = F.avg_pool2d(sq, (at.size, 1), stride=1).reshape(x.shape)
-        return x / mean.mul_(at.alpha).add_(at.bias).pow_(at.beta)
-
-    def cost(self) -> tuple[int, int]:
-        # The square, the window sum of ``size`` values, then scale, power and divide.
-        _, moved = super().cost()
-        return (self.attrs.size + 4) * self.inputs[0].info.nelms, moved
-
-    def grad(self, g):
-        at = self.attrs
-        g.set_input_grad(0, g.op("LRNGrad", g.output_grad(0), g.input(0), domain=AI_GRAPHCORE,
-                                 size=at.size, alpha=at.alpha, beta=at.beta, bias=at.bias))
-
-
-@register_op("LRNGrad", versions=1, domain=AI_GRAPHCORE)
-class LRNGrad(LRN):
-    """dX = dY * d^-beta - 2 beta alpha / size * X * (window-transposed sum of dY X d^(-beta-1)),
-    with d = bias + alpha / size * (window sum of X^2)."""
-
-    grad = Op.grad  # no second derivative
-
-    def infer(self, dy, x):
-        LRN.infer(self, x)
-        lo, hi = self._pad[2], self._pad[3]
-        self._pad_t = (0, 0, hi, lo)  # channel c' contributes to j when j is in window(c')
-        return x
-
-    def kernel(self, dy, x):
-        at = self.attrs
-        sq = F.pad((x * x).reshape(self._planes), self._pad)
-        d = F.avg_pool2d(sq, (at.size, 1), stride=1).reshape(x.shape).mul_(at.alpha).add_(at.bias)
-        t = (dy * x * d.pow(-at.beta - 1.0)).reshape(self._planes)
-        back = F.avg_pool2d(F.pad(t, self._pad_t), (at.size, 1), stride=1).reshape(x.shape)
-        return dy * d.pow(-at.beta) - (2.0 * at.beta * at.alpha) * x * back
-
-
-@register_op("MeanVarianceNormalization", versions=(9, 13))
-class MeanVarianceNormalization(_Normalization):
-    """Y = (X - mean) / (sqrt(variance) + 1e-9) over ``axes`` (ONNX's function body)."""
-
-    @dataclass(frozen=True)
-    class Attrs:
-        axes: tuple[int, ...] = (0, 2, 3)
-
-    def infer(self, x):
-        self._axes = tuple(sorted({normalize_axis(self, a, x.rank) for a in self.attrs.axes}))
-        return x
-
-    def kernel(self, x):
-        var, mean = torch.var_mean(x, self._axes, correction=0, keepdim=True)
-        return (x - mean).div_(var.sqrt_().add_(1e-9))
-
-    def grad(self, g):
-        g.set_input_grad(0, g.op("MeanVarianceNormalizationGrad", g.output_grad(0), g.input(0),
-                                 domain=AI_GRAPHCORE, axes=self._axes))
-
-
-@register_op("MeanVarianceNormalizationGrad", versions=1, domain=AI_GRAPHCORE)
-class MeanVarianceNormalizationGrad(MeanVarianceNormalization):
-    """With k = 1 / (sigma + 1e-9) and xc = X - mean over ``axes`` (n elements):
-    dX = k (dY - mean(dY)) - k^2 sum(dY xc) xc / (n sigma); 0 where sigma = 0."""
-
-    grad = Op.grad  # no second derivative
-
-    def infer(self, dy, x):
-        MeanVarianceNormalization.infer(self, x)
-        self._count = math.prod(x.shape[a] for a in self._axes)
-        return x
-
-    def kernel(self, dy, x):
-        axes = self._axes
-        var, mean = torch.var_mean(x, axes, correction=0, keepdim=True)
-        sigma = var.sqrt()
-        k = 1.0 / (sigma + 1e-9)
-        xc = x - mean
-        term = (dy * xc).sum(axes, keepdim=True) * k * k / (self._count * sigma)
-        dx = k * (dy - dy.mean(axes, keepdim=True)) - term * xc
-        return torch.where(sigma > 0, dx, torch.zeros_like(dx))
-

@@ -388,13 +388,18 @@ class Resize(ResizeBase):
                 f"'{a.coordinate_transformation_mode}' is not defined for Resize-{self.version}; "
                 f"it accepts {sorted(allowed)}."
             )
-        if a.nearest_mode not in _NEAREST_MODES:
+        if a.nearest_mode not in _NEAREST_MODES + ("pytorch",):
             raise ModelError(
                 f"{self.debug_name}: nearest_mode '{a.nearest_mode}' is not one of "
-                f"{_NEAREST_MODES}."
+                f"{_NEAREST_MODES + ('pytorch',)}."
             )
+        transform, nearest = a.coordinate_transformation_mode, a.nearest_mode
+        if nearest == "pytorch" and a.mode == "nearest":
+            # PopART's extra mode, torch's nearest interpolation: output index i reads input
+            # floor(i / scale), whatever coordinate_transformation_mode says.
+            transform, nearest = "asymmetric", "floor"
         return ResizeRequest(
-            a.mode, a.coordinate_transformation_mode, a.nearest_mode, float(a.cubic_coeff_a),
+            a.mode, transform, nearest, float(a.cubic_coeff_a),
             bool(a.exclude_outside), float(a.extrapolation_value), bool(getattr(a, "antialias", 0)),
         )
 

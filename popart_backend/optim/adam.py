@@ -22,6 +22,7 @@ class Adam(Optimizer):
         "eps": ("eps", 1e-6),
         "maxWeightNorm": ("max_weight_norm", 10.0),
     }
+    PLAIN_KEYS = ("maxWeightNorm",)
     OP_TYPE = "AdamUpdate"
 
     def __init__(self, values=None, mode=AdamMode.Adam, weight_decay_mode=WeightDecayMode.Decay,

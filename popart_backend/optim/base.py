@@ -4,6 +4,7 @@ validation, and ``apply()``, which adds the update ops and their state variables
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 
@@ -26,12 +27,18 @@ __all__ = ["Optimizer"]
 
 _log = logging.getLogger("popart:optimizer")
 
+# Keys whose +inf means "no limit" (LAMB's maxWeightNorm: no clipping of the weight norm).
+_MAY_BE_INFINITE = frozenset({"maxWeightNorm"})
+
 
 class Optimizer:
     """Base of the optimizers: value bookkeeping, validation and the IR update."""
 
     # key (no "default" prefix) -> (update-op attribute, default value); set by subclasses
     KEYS: dict[str, tuple[str, float]] = {}
+    # Constructor keys PopART spells without the "default" prefix (SGD "nesterov", Adam
+    # "maxWeightNorm"); each sets the default of the KEYS entry of the same name.
+    PLAIN_KEYS: tuple[str, ...] = ()
     OP_TYPE = ""
 
     def __init__(self, values, clip_norm_settings):
@@ -47,14 +54,18 @@ class Optimizer:
                 continue
             short = key[len("default"):] if key.startswith("default") else ""
             short = short[:1].lower() + short[1:]
+            if key in self.PLAIN_KEYS:
+                # PopART spells these constructor keys without the "default" prefix.
+                short = key
             if short not in self.KEYS:
                 raise popart_exception(
                     f"{name}: unknown key '{key}'. Valid keys: {', '.join(self.valid_keys())}."
                 )
             self._maps[short] = OptimizerValueMap(value)
-        if not self._loss_scaling.val() > 0:
+        if not 0 < self._loss_scaling.val() < math.inf:
             raise popart_exception(
-                f"{name}: lossScaling must be positive, got {self._loss_scaling.val()}."
+                f"{name}: lossScaling must be positive and finite, got "
+                f"{self._loss_scaling.val()}."
             )
         self._validate({k: m.getDefault().val() for k, m in self._maps.items()}, "defaults")
         self.clip_norm_settings = list(clip_norm_settings or [])
@@ -68,7 +79,8 @@ class Optimizer:
 
     @classmethod
     def valid_keys(cls) -> list[str]:
-        return ["default" + k[:1].upper() + k[1:] for k in cls.KEYS] + [LOSS_SCALING_KEY]
+        return (["default" + k[:1].upper() + k[1:] for k in cls.KEYS] + list(cls.PLAIN_KEYS)
+                + [LOSS_SCALING_KEY])
 
     def insertSpecific(self, weightId: str, values: dict) -> None:  # noqa: N802,N803
         """Override values for one weight; keys without the "default" prefix. Keys not given
@@ -216,7 +228,7 @@ class Optimizer:
                     continue
                 prefix, dtype, init, role, shape = spec
                 tid = graph.unique_id(prefix + weight_id)
-                data = np.full(shape, init, dtype.numpy)
+                data = ir.initial_state(tid, np.full(shape, init, dtype.numpy))
                 state = graph.add_tensor(tid, TensorInfo(dtype, shape), TensorKind.VARIABLE, data)
                 state.role = role
                 state_ids.append(tid)
@@ -274,6 +286,13 @@ class Optimizer:
 
     def _validate(self, values: dict[str, float], where: str) -> None:
         name = type(self).__name__
+        for key, value in values.items():
+            # A NaN or infinite value turns every weight NaN at the first update, silently.
+            if math.isnan(value) or (math.isinf(value) and key not in _MAY_BE_INFINITE):
+                raise popart_exception(
+                    f"{name} {where}: {key} must be a finite number, got {value}. "
+                    f"Give a finite value (a NaN or infinite one makes every weight NaN)."
+                )
         for key in ("learningRate", "weightDecay"):
             if values[key] < 0:
                 raise popart_exception(f"{name} {where}: {key} must be >= 0, got {values[key]}.")

@@ -29,6 +29,7 @@ class SGD(Optimizer):
         "velocityScaling": ("velocity_scaling", 1.0),
         "nesterov": ("nesterov", 0.0),
     }
+    PLAIN_KEYS = ("nesterov",)
     OP_TYPE = "SGDUpdate"
 
     def __init__(self, params=None, clip_norm_settings=(),

@@ -18,9 +18,11 @@ from typing import Any
 from ..errors import NotImplementedOptionError, popart_exception
 from ..tensorinfo import ExchangeStrategy, TileSet
 from .enums import CommGroupType, VirtualGraphMode
+from .planning import check_planning_options
 from .session_options import SessionOptions
 from .structs import CommGroup, TensorLocation
 from .typed import _hints
+from .values import check_numeric_options
 
 _log = logging.getLogger("popart:session")
 
@@ -91,34 +93,49 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "kahnTieBreaker": _SCHEDULER_SEARCH,
     "transitiveClosureOptimizationThreshold": _SCHEDULER_SEARCH,
     "serializedPoprithmsShiftGraphsDir": no_effect("there is no poprithms shift graph"),
-    "delayVarUpdates": pending(6, "schedule order in the liveness/memory model"),
+    "serializedPoprithmsAnnealGraphsDir": no_effect("there is no poprithms shift graph"),
+    # False: weight updates as early as they can go in the liveness order (device/option_model.py).
+    "delayVarUpdates": ByMode(no_effect("inference has no variable updates"), BUILT),
     "scheduleNonWeightUpdateGradientConsumersEarly": pending(
         6, "schedule order in the liveness/memory model"
     ),
     "decomposeGradSum": ByMode(
         no_effect(_INFERENCE_ONLY_GRADS), pending(3, "decomposed grad sums")
     ),
-    "aliasZeroCopy": pending(6, "zero-copy aliasing in the memory model"),
+    "aliasZeroCopy": no_effect(
+        "subgraph and loop copies are not modelled separately, so there is no copy to alias"),
     # Recomputation clones forward ops into the backward pass; the IR is always explicit.
     "autoRecomputation": ByMode(no_effect("inference has no backward pass"), BUILT),
     "explicitRecomputation": ByMode(no_effect("inference has no backward pass"), BUILT),
     "mergeVarUpdate": ByMode(no_effect("inference has no variable updates"), _TRAINING),
     "mergeVarUpdateMemThreshold": ByMode(no_effect("inference has no variable updates"), _TRAINING),
     "looseThresholdAtPeak": ByMode(no_effect("inference has no variable updates"), _TRAINING),
+    "useLoopCandidateCreator": _NO_OUTLINING,
     "rearrangeAnchorsOnHost": no_effect("simulated tensors have no tile layout to rearrange"),
     "rearrangeStreamsOnHost": no_effect("simulated tensors have no tile layout to rearrange"),
-    "enablePrefetchDatastreams": pending(6, "host-stream prefetch in the cycle model"),
-    "defaultPrefetchBufferingDepth": pending(6, "host-stream prefetch in the cycle model"),
-    "prefetchBufferingDepthMap": pending(6, "host-stream prefetch in the cycle model"),
-    "groupHostSync": pending(6, "grouped host syncs in the cycle model"),
+    # Buffers per input stream in the memory model (device/option_model.py).
+    "enablePrefetchDatastreams": BUILT,
+    "defaultPrefetchBufferingDepth": BUILT,
+    "prefetchBufferingDepthMap": BUILT,
+    "defaultBufferingDepth": BUILT,
+    "bufferingDepthMap": BUILT,
+    "groupHostSync": BUILT,  # one host sync per step for inputs and anchors (device/cost.py)
     "syntheticDataMode": BUILT,
     # Host-copy ops and explicit main loops only change the cycle timeline (overlapped IO).
     "useHostCopyOps": BUILT,
     "enableExplicitMainLoops": BUILT,
-    "enableMergeExchange": pending(6, "merged exchanges in the cycle model"),
+    "enableMergeExchange": no_effect(
+        "the cycle model already gives every remote and host transfer its own sync, the "
+        "unmerged form"),
     "numIOTiles": BUILT,
+    "enableEfficientOverlapIOTopoCons": no_effect(
+        "overlapped host IO is modelled as hiding behind a whole iteration; the schedule "
+        "constraints that help Poplar achieve that are not modelled"),
+    "experimentalSettings": no_effect(
+        "host-transferable tensors have no tile-layout offset in the simulator"),
     # VirtualGraphMode.ExecutionPhases is rejected by the virtual-graph pass (issue #6).
     "virtualGraphMode": BUILT,
+    "virtualGraphSplitRatios": BUILT,  # VirtualGraphMode.Auto (transforms/virtual_graphs.py)
     "enablePipelining": BUILT,
     # Replicas hold their own state; gradients are all-reduced (transforms/replication.py).
     "enableReplicatedGraphs": BUILT,
@@ -134,12 +151,22 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "enableDistributedReplicatedGraphs": BUILT,
     "globalReplicationFactor": BUILT,
     "globalReplicaOffset": BUILT,
+    "replicatedCollectivesSettings": BUILT,  # merged collectives (device/cost.py)
+    "createImplicitPipeliningFwdOnlyProgram": ByMode(
+        no_effect("inference runs only the forward program"),
+        pending(5, "a forward-only program of an implicitly pipelined training session"),
+    ),
+    "stashAllTensorsInferencePipeline": ByMode(
+        pending(5, "stashing every tensor of an inference pipeline"),
+        no_effect("only inference pipelines read it; training stashes what the backward pass "
+                  "needs"),
+    ),
     "executionPhaseSettings": pending(5, "execution phases"),
     "accumulateOuterFragmentSettings": ByMode(
         no_effect("inference has no accumulate outer fragment"),
         pending(5, "accumulate outer fragment scheduling"),
     ),
-    "batchSerializationSettings": pending(6, "batch serialisation"),
+    "batchSerializationSettings": BUILT,  # memory and cycles (device/option_model.py)
     "autodiffSettings": ByMode(no_effect("inference runs no autodiff"), _TRAINING),
     # Off-chip storage and replicated tensor sharding (transforms/rts.py) are built.
     "activationTensorLocationSettings": BUILT,
@@ -156,9 +183,22 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "enableFloatingPointChecks": BUILT,
     "partialsTypeMatMuls": BUILT,  # float16 products only (transforms/numerics_options.py)
     "enableFullyConnectedPass": no_effect("only changes Poplar's matmul plan, not modelled"),
-    "enableSerializedMatmuls": pending(6, "serialised matmuls in the memory model"),
+    "enableSerializedMatmuls": no_effect(
+        "setSerializeMatMul annotations do not change the simulator's memory or cycles, so "
+        "turning them off changes nothing either"),
     "groupNormStridedChannelGrouping": BUILT,  # transforms/numerics_options.py
     "enableSupportedDataTypeCasting": pending(None, "strict 64-bit integer handling"),
+    "enableConstantFoldingOfMultipleConsumers": pending(
+        None, "keeping constant expressions with several readers unfolded"),
+    "enableInplaceAmbiguityChecking": no_effect(
+        "in-place variants are used only where the op is the sole reader, so no in-place "
+        "ambiguity can arise"),
+    "ensureFp32LossScaleTensor": ByMode(
+        no_effect("inference has no loss scaling"),
+        pending(3, "a float32 loss-scale tensor in float16 models"),
+    ),
+    "throwIfLog2ScaleTensorNotInRange": no_effect(
+        "there are no float8 ops, the only readers of a log2 scale tensor"),
     "strictOpVersions": BUILT,
     "opxAliasChecking": BUILT,  # transforms/numerics_options.py KernelChecks
     "opxModifyChecking": BUILT,
@@ -167,27 +207,47 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     ),
     # Session.getRNGState / setRNGState (device/simulator.py rng_state).
     "enableLoadAndOffloadRNGState": BUILT,
-    "customCodelets": pending(8, "custom codelets"),
-    "customCodeletCompileFlags": pending(8, "custom codelets"),
+    "_enableRngStateManagement": no_effect(
+        "the simulator always keeps one random generator state per replica"),
+    "customCodelets": no_effect(
+        "custom codelets are not compiled in the simulator; custom ops run their Python kernels"),
+    "customCodeletCompileFlags": no_effect(
+        "custom codelets are not compiled in the simulator; custom ops run their Python kernels"),
     "compileEngine": BUILT,
     "constantWeights": BUILT,
-    "enableEngineCaching": pending(6, "engine caching"),
-    "cachePath": no_effect("read only with enableEngineCaching, which is checked itself"),
+    "enableEngineCaching": BUILT,  # executable/session_mixin.py: the engine cache
+    "cachePath": BUILT,
+    "enableVariablesCaching": no_effect(
+        "engine cache entries hold no variables here: the weights always come from the model"),
     "instrumentWithHardwareCycleCounter": BUILT,
-    "hardwareInstrumentations": pending(6, "cycle instrumentation"),
+    "hardwareInstrumentations": no_effect(
+        "the simulator counts every op's cycles whatever is instrumented, and the counters add "
+        "no modelled overhead"),
     "disableGradAccumulationTensorStreams": ByMode(
-        no_effect(_INFERENCE_ONLY_GRADS), pending(3, "gradient accumulation streams")
+        no_effect(_INFERENCE_ONLY_GRADS),
+        no_effect("the simulator models no host streams for accumulators (readWeights reads "
+                  "the device copy directly)"),
     ),
+    "disableOptimizerStateTensorStreams": ByMode(
+        no_effect("inference has no optimizer state"),
+        no_effect("the simulator models no host streams for optimizer state (readWeights "
+                  "reads the device copy directly)"),
+    ),
+    "updatableNamedBuffers": no_effect(
+        "there is no copyNamedBuffersToDevice call that would update the named buffers"),
     "compilationProgressLogger": BUILT,  # called during prepareDevice() (progress.py)
     "compilationProgressTotal": BUILT,
     # report/auto.py reads "autoReport.all" and "autoReport.directory" (merged with the
     # POPLAR_ENGINE_OPTIONS variable); other keys are logged once as having no effect.
     "engineOptions": BUILT,
-    "convolutionOptions": pending(6, "convolution planning options in the cost model"),
-    "lstmOptions": pending(6, "LSTM planning options in the cost model"),
-    "matmulOptions": pending(6, "matmul planning options in the cost model"),
+    # Per key (options/planning.py): "partialsType" as the per-op setting, other keys logged.
+    "convolutionOptions": BUILT,
+    "lstmOptions": BUILT,
+    "matmulOptions": BUILT,
     "reportOptions": no_effect("the simulated profile report has a fixed content"),
-    "gclOptions": pending(5, "collective (GCL) options"),
+    "gclOptions": no_effect(
+        "collectives are modelled as a plain ring over the IPU-Links; GCL's algorithm and "
+        "buffer choices are not modelled"),
 }
 
 _missing = set(_hints(SessionOptions)) ^ set(OPTION_STATUS)
@@ -250,7 +310,16 @@ def _differences(path: str, value: Any, default: Any) -> list[str]:
 
 # Parts of a built option struct that are still pending (none: replicated tensor sharding and
 # its sharding domains are built by transforms/rts.py).
-_PENDING_PARTS: dict[str, OptionStatus] = {}
+_PENDING_PARTS: dict[str, OptionStatus] = {
+    # Batch serialisation is modelled by its factor (activation memory, per-slice syncs); the
+    # slices are not materialised as ops, so how they are unrolled, scheduled or concatenated
+    # changes no modelled number.
+    **{part: no_effect("batch-serialised slices are not materialised as separate ops")
+       for part in ("concatOnVirtualGraphChange", "concatOnExecutionPhaseChange",
+                    "concatOnPipelineStageChange", "method", "batchSchedule")},
+    "prepareScheduleForMergingCollectives": no_effect(
+        "only orders the schedule for merging; the merge flags themselves are modelled"),
+}
 
 
 def check_sharding_domain(domain: CommGroup, where: str, local_replicas: int,
@@ -303,6 +372,7 @@ def check_buildable(options: SessionOptions, training: bool) -> None:
         raise popart_exception(
             f"userOptions must be a SessionOptions, got {type(options).__name__}."
         )
+    check_numeric_options(options)
     mode = "training" if training else "inference"
     offending = []
     for name, (value, default) in non_default_options(options).items():
@@ -327,6 +397,7 @@ def check_buildable(options: SessionOptions, training: bool) -> None:
             + "\n".join(offending)
             + "\nReset them to their defaults to run now."
         )
+    check_planning_options(options)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ __all__ = [
     "DotCheck",
     "ExecutionPhaseIOSchedule",
     "ExecutionPhaseSchedule",
+    "GradientTensorTrackingMethod",
     "Instrumentation",
     "MeanReductionStrategy",
     "MergeVarUpdateType",
@@ -58,6 +59,7 @@ class SyntheticDataMode(enum.Enum):
     Off = 0
     Zeros = 1
     RandomNormal = 2
+    RandomUniform = 3
 
 
 class ReductionType(enum.Enum):
@@ -112,6 +114,8 @@ class AccumulateOuterFragmentSchedule(enum.Enum):
 class BatchSerializationTransformContext(enum.Enum):
     Fwd = 0
     Bwd = 1
+    Forward = 0  # the long spellings are aliases of Fwd / Bwd
+    Backward = 1
 
 
 class BatchSerializationMethod(enum.Enum):
@@ -149,3 +153,11 @@ class CommGroupType(enum.Enum):
     Consecutive = 1
     Orthogonal = 2
     Ungrouped = 3  # C++ None; SDK 3 Python name (spec App. C 7)
+
+
+class GradientTensorTrackingMethod(enum.Enum):
+    """Which gradients automatic loss scaling tracks."""
+
+    AllNonViewChangingGradientTensors = 0
+    ConvAndMatmulGradients = 1
+    GradientsOfUserSpecifiedTensors = 2

@@ -35,6 +35,8 @@ from .structs import (
     AutomaticLossScalingSettings,
     BatchSerializationSettings,
     ExecutionPhaseSettings,
+    ExperimentalSettings,
+    ReplicatedCollectivesSettings,
     TensorLocation,
     TensorLocationSettings,
 )
@@ -47,6 +49,17 @@ _log = logging.getLogger("popart:session")
 # ----------------------------------------------------------------------------------------------
 # SessionOptions
 # ----------------------------------------------------------------------------------------------
+
+
+# Deprecated option -> the option that replaces it. Writing the old name warns once and writes
+# the new one; writing the new name keeps the old one reading the same value.
+_DEPRECATED = {
+    "defaultPrefetchBufferingDepth": "defaultBufferingDepth",
+    "prefetchBufferingDepthMap": "bufferingDepthMap",
+    "serializedPoprithmsAnnealGraphsDir": "serializedPoprithmsShiftGraphsDir",
+}
+_RENAMED = {new: old for old, new in _DEPRECATED.items()}
+_warned: set[str] = set()
 
 
 def _str_dict():
@@ -77,6 +90,7 @@ class SessionOptions(_Typed):
     kahnTieBreaker: str = "greedy"
     transitiveClosureOptimizationThreshold: int = 100000
     serializedPoprithmsShiftGraphsDir: str = ""
+    serializedPoprithmsAnnealGraphsDir: str = ""  # deprecated alias of the one above
     delayVarUpdates: bool = True
     scheduleNonWeightUpdateGradientConsumersEarly: bool = False
     decomposeGradSum: bool = False
@@ -87,20 +101,26 @@ class SessionOptions(_Typed):
     mergeVarUpdate: MergeVarUpdateType = MergeVarUpdateType.Off
     mergeVarUpdateMemThreshold: int = 1000000
     looseThresholdAtPeak: int = 8000
+    useLoopCandidateCreator: bool = False
     # Host streams
     rearrangeAnchorsOnHost: bool = True
     rearrangeStreamsOnHost: bool = False
     enablePrefetchDatastreams: bool = True
     defaultPrefetchBufferingDepth: int = 1
     prefetchBufferingDepthMap: dict[str, int] = _str_dict()
+    defaultBufferingDepth: int = 1  # the new name of defaultPrefetchBufferingDepth
+    bufferingDepthMap: dict[str, int] = _str_dict()  # the new name of prefetchBufferingDepthMap
     groupHostSync: bool = False
     syntheticDataMode: SyntheticDataMode = SyntheticDataMode.Off
     useHostCopyOps: bool = False
     enableExplicitMainLoops: bool = False
     enableMergeExchange: bool = True
     numIOTiles: int = 0
+    enableEfficientOverlapIOTopoCons: bool = False
+    experimentalSettings: ExperimentalSettings = field(default_factory=ExperimentalSettings)
     # Parallelism
     virtualGraphMode: VirtualGraphMode = VirtualGraphMode.Off
+    virtualGraphSplitRatios: list[float] = field(default_factory=list)
     enablePipelining: bool = False
     enableReplicatedGraphs: bool = False
     replicatedGraphCount: int = 1
@@ -113,6 +133,11 @@ class SessionOptions(_Typed):
     enableDistributedReplicatedGraphs: bool = False
     globalReplicationFactor: int = 1
     globalReplicaOffset: int = 0
+    replicatedCollectivesSettings: ReplicatedCollectivesSettings = field(
+        default_factory=ReplicatedCollectivesSettings
+    )
+    createImplicitPipeliningFwdOnlyProgram: bool = False
+    stashAllTensorsInferencePipeline: bool = False
     executionPhaseSettings: ExecutionPhaseSettings = field(default_factory=ExecutionPhaseSettings)
     accumulateOuterFragmentSettings: AccumulateOuterFragmentSettings = field(
         default_factory=AccumulateOuterFragmentSettings
@@ -145,6 +170,10 @@ class SessionOptions(_Typed):
     enableSerializedMatmuls: bool = True
     groupNormStridedChannelGrouping: bool = False
     enableSupportedDataTypeCasting: bool = True
+    enableConstantFoldingOfMultipleConsumers: bool = True
+    enableInplaceAmbiguityChecking: bool = False
+    ensureFp32LossScaleTensor: bool = False
+    throwIfLog2ScaleTensorNotInRange: bool = True
     strictOpVersions: bool = True
     opxAliasChecking: bool = False
     opxModifyChecking: bool = False
@@ -152,18 +181,22 @@ class SessionOptions(_Typed):
         default_factory=AutomaticLossScalingSettings
     )
     enableLoadAndOffloadRNGState: bool = False
+    _enableRngStateManagement: bool = False
     customCodelets: list[str] = field(default_factory=list)
     customCodeletCompileFlags: str = ""
     # Engine / caching / instrumentation
     compileEngine: bool = True
     constantWeights: bool = True
     enableEngineCaching: bool = False
+    enableVariablesCaching: bool = True
     cachePath: str = "session_cache"
     instrumentWithHardwareCycleCounter: bool = False
     hardwareInstrumentations: set[Instrumentation] = field(
         default_factory=lambda: {Instrumentation.Outer}
     )
     disableGradAccumulationTensorStreams: bool = False
+    disableOptimizerStateTensorStreams: bool = False
+    updatableNamedBuffers: list[str] = field(default_factory=list)
     compilationProgressLogger: Callable[[int, int], None] | None = None
     compilationProgressTotal: int = 100
     # Backend option dicts (F10)
@@ -173,6 +206,36 @@ class SessionOptions(_Typed):
     matmulOptions: dict[str, str] = _str_dict()
     reportOptions: dict[str, str] = _str_dict()
     gclOptions: dict[str, str] = _str_dict()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_ready", True)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "updatableBuffers":  # PopART's Python spelling of updatableNamedBuffers
+            name = "updatableNamedBuffers"
+        super().__setattr__(name, value)
+        if not self.__dict__.get("_ready"):
+            return  # the constructor setting the defaults
+        if name in _DEPRECATED:
+            new = _DEPRECATED[name]
+            if name not in _warned:
+                _warned.add(name)
+                _log.warning("SessionOptions.%s is deprecated: use SessionOptions.%s instead.",
+                             name, new)
+            super().__setattr__(new, getattr(self, name))
+        elif name in _RENAMED:  # keep the old name reading the same value
+            super().__setattr__(_RENAMED[name], getattr(self, name))
+
+    @property
+    def updatableBuffers(self) -> list[str]:  # noqa: N802
+        """Alias of ``updatableNamedBuffers``."""
+        return self.updatableNamedBuffers
+
+    def enableExplicitIR(self, enable: bool = True) -> None:  # noqa: N802
+        """Turn the explicit IR forms on (or off) together: host-copy ops, explicit main loops
+        and explicit recomputation."""
+        for name in ("useHostCopyOps", "enableExplicitMainLoops", "explicitRecomputation"):
+            setattr(self, name, enable)
 
     def getGlobalReplicationFactor(self) -> int:  # noqa: N802 - PopART's name
         """Replicas over all instances: grf if distributed, else the local count if replicated."""

@@ -17,6 +17,7 @@ from .enums import (
     CommGroupType,
     ExecutionPhaseIOSchedule,
     ExecutionPhaseSchedule,
+    GradientTensorTrackingMethod,
     ReplicatedTensorSharding,
     TensorStorage,
 )
@@ -28,7 +29,11 @@ __all__ = [
     "AutomaticLossScalingSettings",
     "BatchSerializationSettings",
     "CommGroup",
+    "ReplicaGrouping",
     "ExecutionPhaseSettings",
+    "ExperimentalSettings",
+    "NumIOTiles",
+    "ReplicatedCollectivesSettings",
     "TensorLocation",
     "TensorLocationSettings",
 ]
@@ -38,12 +43,75 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ReplicaGrouping:
+    """``numReplicas`` replicas in groups of ``groupSize``; the members of a group are ``stride``
+    apart (stride 1: consecutive blocks)."""
+
+    numReplicas: int
+    stride: int = 1
+    groupSize: int = 0  # 0: one group of every replica
+
+    def __post_init__(self):
+        size = self.groupSize or self.numReplicas
+        ok = self.numReplicas > 0 and self.stride > 0 and size > 0
+        if not ok or self.numReplicas % (size * self.stride):
+            raise popart_exception(
+                f"ReplicaGrouping(numReplicas={self.numReplicas}, stride={self.stride}, "
+                f"groupSize={self.groupSize}) does not tile the replicas: numReplicas must be a "
+                f"multiple of groupSize * stride."
+            )
+
+    def getGroupSize(self) -> int:  # noqa: N802 - PopART's names
+        return self.groupSize or self.numReplicas
+
+    def getNumGroups(self) -> int:  # noqa: N802
+        return self.numReplicas // self.getGroupSize()
+
+    def getStride(self) -> int:  # noqa: N802
+        return self.stride
+
+    def getNumReplicas(self) -> int:  # noqa: N802
+        return self.numReplicas
+
+    def getGroupAt(self, replica: int) -> int:  # noqa: N802
+        """Index of the group holding ``replica``."""
+        size, stride = self.getGroupSize(), self.stride
+        return (replica % stride) + stride * (replica // (stride * size))
+
+    def groups(self) -> list[list[int]]:
+        """The replica ids of each group, in group order."""
+        out: list[list[int]] = [[] for _ in range(self.getNumGroups())]
+        for replica in range(self.numReplicas):
+            out[self.getGroupAt(replica)].append(replica)
+        return out
+
+
 @dataclass
 class CommGroup(_Typed):
     """Replica grouping for sharding domains and collectives (F110). ``CommGroup()`` = All."""
 
     type: CommGroupType = CommGroupType.All
     replicaGroupSize: int = 0
+
+    def toReplicaGrouping(self, numReplicas: int) -> ReplicaGrouping:  # noqa: N802,N803
+        """The grouping this CommGroup means for ``numReplicas`` replicas: All = one group,
+        Consecutive = blocks of ``replicaGroupSize``, Orthogonal = groups of
+        ``replicaGroupSize`` members ``numReplicas / replicaGroupSize`` apart, Ungrouped (None)
+        = one group per replica."""
+        size = self.replicaGroupSize
+        if self.type is CommGroupType.All:
+            return ReplicaGrouping(numReplicas, 1, numReplicas)
+        if self.type is CommGroupType.Ungrouped:
+            return ReplicaGrouping(numReplicas, 1, 1)
+        if size <= 0 or numReplicas % size:
+            raise popart_exception(
+                f"CommGroup({self.type.name}, replicaGroupSize={size}): the group size must "
+                f"divide the {numReplicas} replicas."
+            )
+        if self.type is CommGroupType.Consecutive:
+            return ReplicaGrouping(numReplicas, 1, size)
+        return ReplicaGrouping(numReplicas, numReplicas // size, size)
 
 
 @dataclass(init=False)
@@ -144,3 +212,34 @@ class AutomaticLossScalingSettings(_Typed):
     binEdgeLocation: float = 1.0
     thresholdUpperCountProportion: float = 1e-7
     toTrackTensors: list[str] | None = None
+    updatePeriod: int = 1
+    gradientTensorTrackingMethod: GradientTensorTrackingMethod = (
+        GradientTensorTrackingMethod.AllNonViewChangingGradientTensors
+    )
+
+
+@dataclass
+class ReplicatedCollectivesSettings(_Typed):
+    """Whether replicated collectives of the same kind are merged into one."""
+
+    prepareScheduleForMergingCollectives: bool = False
+    mergeAllReduceCollectives: bool = False
+    mergeReduceScatterCollectives: bool = False
+    mergeAllGatherCollectives: bool = False
+
+
+@dataclass
+class ExperimentalSettings(_Typed):
+    """Settings of features PopART marks experimental."""
+
+    createHostTransferableTensorWithOffset: bool = False
+
+
+class NumIOTiles(int):
+    """PopART's type of ``SessionOptions.numIOTiles``: an int (``NumIOTiles()`` is 0)."""
+
+    def __new__(cls, value: int = 0):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise popart_exception(f"NumIOTiles expects an int, got {type(value).__name__} "
+                                   f"{value!r}.")
+        return super().__new__(cls, value)

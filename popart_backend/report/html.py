@@ -17,12 +17,12 @@ from __future__ import annotations
 import html
 import io
 import re
-from pathlib import Path
 
 import numpy as np
 
 from ..device.analysis import DeviceModel
 from ..device.memory import CATEGORIES, IpuMemory, format_bytes
+from ..files import write_text_atomic
 from .summary import summary_text
 from .trace import HOST_TRACK, LINK_TRACK, chrome_trace
 
@@ -44,7 +44,7 @@ _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
 
 def write_html(model: DeviceModel, path, runs: int = 0) -> None:
     """Write the page of ``model`` (``runs``: the runs profiled so far) to ``path``."""
-    Path(path).write_text(html_report(model, runs), encoding="utf-8")
+    write_text_atomic(path, html_report(model, runs))
 
 
 def html_report(model: DeviceModel, runs: int = 0) -> str:

@@ -10,9 +10,9 @@ plots (report/html.py).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from ..device.analysis import DeviceModel
+from ..files import write_text_atomic
 from .html import write_html
 from .summary import summary_text
 from .trace import chrome_trace
@@ -127,10 +127,10 @@ class Report:
         return {"compilation": self.compilation, "execution": self.execution}
 
     def to_json(self, path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=1))
 
     def to_chrome_trace(self, path) -> None:
-        Path(path).write_text(json.dumps(chrome_trace(self.model)))
+        write_text_atomic(path, json.dumps(chrome_trace(self.model)))
 
     def to_html(self, path) -> None:
         """A self-contained HTML page: summary numbers, plots of memory per IPU, per tile and

@@ -28,6 +28,7 @@ from ..device.analysis import DeviceModel
 from ..device.cost import CycleResult
 from ..device.pipeline_cost import PipelineCycle, PipelineCycles
 from ..errors import popart_internal_exception
+from ..files import write_text_atomic
 from ..ir.op import ExecutionContext
 
 __all__ = ["HOST_TRACK", "LINK_TRACK", "chrome_trace", "ipu_track", "write_chrome_trace"]
@@ -314,5 +315,4 @@ def _thread_meta(track: int, name: str, order: int) -> list[dict]:
 
 
 def write_chrome_trace(model: DeviceModel, path) -> None:
-    with open(path, "w") as f:
-        json.dump(chrome_trace(model), f)
+    write_text_atomic(path, json.dumps(chrome_trace(model)))

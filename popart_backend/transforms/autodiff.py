@@ -2,7 +2,10 @@
 
 Each op writes its own gradient in ``grad(self, g)`` using the ``GradBuilder`` handed to it,
 which creates ordinary IR ops. Gradients of every trainable variable end in tensors named
-``Gradient___<variable id>``, so they can be anchored like any tensor (F35).
+``Gradient___<variable id>``, so they can be anchored like any tensor (F35). The gradient of
+any other tensor (a stream input, an activation) is grown and named ``Gradient___<id>`` only
+when ``Ir.anchors`` asks for it: inputs need no update, so nothing computes their gradient
+otherwise.
 
 Before:  y = MatMul(x, w)           After:   y = MatMul(x, w)
          loss = IdentityLoss(y)              loss = IdentityLoss(y)
@@ -19,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import popart_exception
+from ..errors import popart_exception, popart_internal_exception
 from ..ir.graph import Graph
 from ..ir.ir import Ir
 from ..ir.op import Op
@@ -124,6 +127,18 @@ class GradBuilder:
         return self.op("Reshape", summed, self.const(np.array(shape, np.int64), "shape"))
 
 
+def anchored_gradients(ir: Ir) -> dict[str, str]:
+    """{tensor id: anchor} for the anchors ``Gradient___<id>`` of main-graph tensors whose
+    gradient does not exist yet (autodiff grows and names it)."""
+    tensors = ir.main.tensors
+    wanted = {}
+    for anchor in ir.anchors:
+        base = anchor[len(GRADIENT_PREFIX):]
+        if anchor.startswith(GRADIENT_PREFIX) and anchor not in tensors and base in tensors:
+            wanted[base] = anchor
+    return wanted
+
+
 class Autodiff:
     """Pass: add gradient ops for every trainable variable on a path to ``loss_id`` (module
     docstring); ``Ir.weight_grads`` maps each trained weight to its ``Gradient___<w>``."""
@@ -153,7 +168,9 @@ class Autodiff:
                 )
             seeds[loss.id] = np.full(loss.info.shape, self.loss_scaling, loss.info.dtype.numpy)
         order = graph.topo_order()
-        self.requires_grad = self._forward_requires_grad(graph, order)
+        wanted = anchored_gradients(ir)
+        self._check_wanted_dtypes(graph, wanted)
+        self.requires_grad = self._forward_requires_grad(graph, order, wanted)
         reaches_loss: set[int] = set()
         grads: dict[str, list[str]] = {}
         for tid, value in seeds.items():
@@ -163,9 +180,10 @@ class Autodiff:
             graph.add_const(seed_id, np.asarray(value, tensor.info.dtype.numpy).reshape(tensor.info.shape))
             grads[tid] = [seed_id]
 
-        self._backprop(order, grads, reaches_loss, self.loss_id or sorted(seeds))
+        start = self.loss_id or sorted(seeds)
+        self._backprop(order, grads, reaches_loss, start)
 
-        changed = False
+        changed = self._name_anchored(graph, wanted, grads, reaches_loss, start)
         for tensor in list(graph.tensors.values()):
             if tensor.kind is TensorKind.VARIABLE and tensor.id in grads:
                 self.variable_grads[tensor.id] = self._named_total(grads, tensor)
@@ -223,16 +241,63 @@ class Autodiff:
 
     # --- helpers -----------------------------------------------------------------------------
 
-    def _forward_requires_grad(self, graph: Graph, order: list[Op]) -> set[str]:
+    def _forward_requires_grad(self, graph: Graph, order: list[Op],
+                               wanted: dict[str, str]) -> set[str]:
         need = {
             t.id
             for t in graph.tensors.values()
             if t.kind is TensorKind.VARIABLE and t.info.dtype.is_float
         }
+        need.update(wanted)
         for op in order:
             if any(t is not None and t.id in need for t in op.inputs):
                 need.update(t.id for t in op.outputs if t is not None and t.info.dtype.is_float)
         return need
+
+    @staticmethod
+    def _check_wanted_dtypes(graph: Graph, wanted: dict[str, str]) -> None:
+        for tid, anchor in wanted.items():
+            info = graph.tensors[tid].info
+            if not info.dtype.is_float:
+                raise popart_exception(
+                    f"Anchor '{anchor}': tensor '{tid}' ({info}) has no gradient, because only "
+                    f"floating-point tensors have gradients and it is {info.dtype.name}. Anchor "
+                    f"the gradient of a floating-point tensor on the path to the loss instead."
+                )
+
+    def _name_anchored(self, graph: Graph, wanted: dict[str, str], grads: dict[str, list[str]],
+                       reaches_loss: set[int], start) -> bool:
+        """Give each anchored gradient of a non-variable tensor its ``Gradient___<id>`` name;
+        raise for an anchored tensor no gradient reached. Variables are named by ``run``."""
+        for tid, anchor in wanted.items():
+            tensor = graph.tensors[tid]
+            if tid not in grads:
+                raise popart_exception(self._no_gradient_message(tensor, anchor, reaches_loss,
+                                                                 start))
+            if tensor.kind is TensorKind.VARIABLE:
+                continue
+            name = self._named_total(grads, tensor)
+            if name != anchor:
+                raise popart_internal_exception(
+                    f"autodiff: the gradient of '{tid}' was named '{name}', not the anchored "
+                    f"'{anchor}' (another tensor took that name first)."
+                )
+        return bool(wanted)
+
+    @staticmethod
+    def _no_gradient_message(tensor: Tensor, anchor: str, reaches_loss: set[int],
+                             start) -> str:
+        on_path = any(op.id in reaches_loss for op in tensor.consumers)
+        if not on_path:
+            why = (f"it is not on a path to the loss {start!r}: the loss does not depend on it "
+                   f"(its readers: {sorted(op.debug_name for op in tensor.consumers) or 'none'})")
+        else:
+            why = (f"no gradient flows back to it from the loss {start!r}: every path from it to "
+                   f"the loss goes through an op that passes no gradient to that input (a "
+                   f"detach, a shape, index or comparison input, an integer-valued result)")
+        return (f"Anchor '{anchor}': tensor '{tensor.id}' ({tensor.info}) has no gradient; "
+                f"{why}. Anchor the gradient of a tensor the loss depends on through "
+                f"differentiable ops.")
 
     @staticmethod
     def _backward_reaches(loss: Tensor) -> set[int]:

@@ -19,6 +19,7 @@ from ..dtypes import to_host, to_storage
 from ..errors import popart_exception
 from ..ir.graph import Graph
 from ..ir.op import Op
+from ..limits import check_bytes
 from ..ops.base import wrap_unsigned_outputs
 from ..ops.string_tensors import kernel_for
 
@@ -31,6 +32,9 @@ def try_fold(graph: Graph, op: Op) -> bool:
     if values is None:
         if not op.foldable or any(t is not None and not t.is_const for t in op.inputs):
             return False
+        # The guard before computing: a tiny model can ask to fold a constant of gigabytes.
+        check_bytes(sum(t.info.num_bytes for t in op.outputs if t is not None),
+                    f"{op.debug_name}: folding its outputs to constants")
         values = evaluate(op)
     for tensor, value in zip(op.outputs, values):
         if tensor is not None:

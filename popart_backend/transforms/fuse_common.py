@@ -13,6 +13,7 @@ import numpy as np
 from ..ir.graph import Graph
 from ..ir.op import Op
 from ..ir.tensor import Tensor, TensorKind
+from .autodiff import GRADIENT_PREFIX
 
 
 def only_consumer(tensor: Tensor | None, op_type: str | None = None) -> Op | None:
@@ -26,10 +27,12 @@ def only_consumer(tensor: Tensor | None, op_type: str | None = None) -> Op | Non
 
 
 def is_observed(tensor: Tensor) -> bool:
-    """True if the host reads ``tensor`` (graph output or anchor): it must keep existing."""
+    """True if the host reads ``tensor`` or its gradient (graph output, anchor, anchored
+    ``Gradient___<id>``): it must keep existing."""
     graph = tensor.graph
     anchors = graph.ir.anchors if graph.ir is not None else ()
-    return tensor.id in graph.outputs or tensor.id in anchors
+    return (tensor.id in graph.outputs or tensor.id in anchors
+            or GRADIENT_PREFIX + tensor.id in anchors)
 
 
 def producer(tensor: Tensor | None, op_type: str) -> Op | None:

@@ -145,6 +145,7 @@ class AccumulateGradients:
 
     @staticmethod
     def _variable(graph, tensor_id: str, value: np.ndarray, role: TensorRole):
+        value = graph.ir.initial_state(tensor_id, value)  # a checkpoint's value, if any
         tensor = graph.add_tensor(tensor_id, TensorInfo.of(value), TensorKind.VARIABLE, value)
         tensor.role = role
         return tensor

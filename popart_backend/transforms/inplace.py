@@ -1,4 +1,5 @@
-"""Switch ops to their in-place variants where no other reader can notice (PopART's InPlace).
+"""Switch ops to their in-place variants where no other reader can notice (PopART's InPlace
+pattern: the pass does nothing when ``Ir.patterns`` has InPlace off).
 
 An op offers variants through ``Op.inplace_variants() -> [(opid, priority)]`` (best first by
 priority; the base class offers none) and ``make_inplace(opid)``, which turns it into the variant: the same node, whose
@@ -31,6 +32,8 @@ class InplaceVariants:
     name = "inplace_variants"
 
     def run(self, ir: Ir) -> bool:
+        if not ir.patterns.isPatternEnabled("InPlace"):
+            return False  # the InPlace pattern is off (Patterns)
         graph = ir.main
         protected = set(graph.outputs) | set(ir.anchors)
         changed = False

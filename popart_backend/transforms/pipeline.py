@@ -23,6 +23,8 @@ from ..ir.tensor import TensorInfo, TensorKind, TensorRole
 from ..ir.verify import verify
 from ..dtypes import DataType
 from ..ops.registry import create_op
+from ..options.planning import matmul_half_partials
+from .apply_patterns import ApplyPatterns
 from .autodiff import GRADIENT_PREFIX, Autodiff
 from .const_fold import FoldConstants
 from .fuse_attention import FuseAttention
@@ -63,6 +65,7 @@ def inference_passes(options=None, ipus_per_replica: int = 1,
         FuseGelu(),
         FuseLayerNorm(),
         FuseAttention(),
+        ApplyPatterns(),  # after the fusions, which match ops some patterns rewrite
         # Random ops (RandomNormal, Bernoulli ...) read the session seed in inference too.
         WireRandomSeed(),
         InplaceVariants(),
@@ -74,7 +77,8 @@ def inference_passes(options=None, ipus_per_replica: int = 1,
     local_replicas = options.replicatedGraphCount if options.enableReplicatedGraphs else 1
     passes.insert(len(passes) - 1,
                   ShardVariables(options, replication_of(options), local_replicas))
-    placement = Placement(options.virtualGraphMode, ipus_per_replica, options.enablePipelining)
+    placement = Placement(options.virtualGraphMode, ipus_per_replica, options.enablePipelining,
+                          tuple(options.virtualGraphSplitRatios))
     # Placement follows the fusions, which keep the settings of the ops they replace.
     return [*passes, AssignVirtualGraphs(placement)] + multi_ipu_passes(
         options, placement, None, batches_per_step, "batchesPerStep") + checks
@@ -96,15 +100,16 @@ _PARTIALS_TYPES = ("", "float", "half")
 
 
 def half_partials(options) -> bool:
-    """Whether ``partialsTypeMatMuls`` asks for float16 matmul partials; raises for a value
-    other than "", "float" or "half"."""
+    """Whether ``partialsTypeMatMuls`` (or ``matmulOptions["partialsType"]``) asks for float16
+    matmul partials; raises for a value other than "", "float" or "half"."""
     value = options.partialsTypeMatMuls
     if not isinstance(value, str) or value.lower() not in _PARTIALS_TYPES:
         raise popart_exception(
             f"SessionOptions.partialsTypeMatMuls = {value!r}: use \"float\" (or \"\", the "
             f"default) for float32 partials, or \"half\" for float16 partials."
         )
-    return value.lower() == "half"
+    # matmulOptions["partialsType"] asks the same when partialsTypeMatMuls is unset.
+    return matmul_half_partials(options)
 
 
 def check_passes(options) -> list:
@@ -143,14 +148,15 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     loss_scaling = float(optimizer.getLossScalingVal())
     const_scaling = optimizer.loss_scaling_is_const()
     seed = loss_scaling * loss_factor if const_scaling else loss_factor
-    placement = Placement(options.virtualGraphMode, ipus_per_replica, options.enablePipelining)
+    placement = Placement(options.virtualGraphMode, ipus_per_replica, options.enablePipelining,
+                          tuple(options.virtualGraphSplitRatios))
     # Fusions whose fused op has a gradient, before placement (they keep the settings of the
     # ops they replace) and autodiff. Virtual graphs before autodiff: every gradient op
     # inherits its forward op's IPU.
     passes: list = [FoldConstants(), *numerics_passes(options), TrainingSemantics(),
                     FuseMatMulAdd(training=True), FuseGelu(training=True),
                     FuseLayerNorm(training=True), FuseAttention(training=True),
-                    AssignVirtualGraphs(placement), Autodiff(loss_id, seed)]
+                    ApplyPatterns(), AssignVirtualGraphs(placement), Autodiff(loss_id, seed)]
     if half_partials(options):
         passes.append(HalfPartialMatMuls())  # the gradient products autodiff added
     if not const_scaling:
@@ -221,6 +227,8 @@ class SeedLossScaling:
         scaled = self._add(graph, "Mul", [unscaled.id, factor], f"{seed.id}/scaled")
         graph.replace_all_uses(seed, graph.tensor(scaled))
         graph.remove_tensor(seed)
+        if seed.id in ir.anchors:  # an anchored loss gradient keeps its name
+            self._add(graph, "Identity", [scaled], seed.id)
         return True
 
     @staticmethod

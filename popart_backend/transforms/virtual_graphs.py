@@ -42,6 +42,8 @@ class Placement:
     mode: VirtualGraphMode
     ipus_per_replica: int
     pipelining: bool = False
+    # SessionOptions.virtualGraphSplitRatios: Auto's share of the cost per IPU (empty: balance).
+    split_ratios: tuple[float, ...] = ()
 
     @property
     def sharded(self) -> bool:
@@ -86,6 +88,10 @@ class AssignVirtualGraphs:
                 "virtualGraphMode = VirtualGraphMode.ExecutionPhases is not built yet: the simulated "
                 "IPU does not model execution phases. Use VirtualGraphMode.Manual or Auto."
             )
+        if self.placement.split_ratios and mode is not VirtualGraphMode.Auto:
+            _log.warning("SessionOptions.virtualGraphSplitRatios = %s has no effect: only "
+                         "VirtualGraphMode.Auto splits the graph (this session uses %s).",
+                         list(self.placement.split_ratios), mode)
         if mode is VirtualGraphMode.Manual:
             self._check_manual(order)
         else:
@@ -119,7 +125,12 @@ class AssignVirtualGraphs:
                 )
 
     def _auto(self, order: list[Op]) -> None:
-        parts = balanced_split([op_cost(op) for op in order], self.placement.ipus_per_replica)
+        costs = [op_cost(op) for op in order]
+        ratios = self.placement.split_ratios
+        if ratios:
+            parts = ratio_split(costs, ratios, self.placement.ipus_per_replica)
+        else:
+            parts = balanced_split(costs, self.placement.ipus_per_replica)
         for op, ipu in zip(order, parts):
             set_placement(op, ipu=ipu)
         _log.debug("assign_virtual_graphs: Auto split %d ops over %d IPU(s)", len(order),
@@ -130,6 +141,31 @@ def op_cost(op: Op) -> float:
     """The scalar Auto balances: FLOPs plus bytes moved of one execution (``Op.cost()``)."""
     flops, moved = op.cost()
     return float(flops) + float(moved)
+
+
+def ratio_split(costs: list[float], ratios: tuple[float, ...], ipus: int) -> list[int]:
+    """Part index per item: contiguous runs whose shares of the total cost follow ``ratios``
+    (``virtualGraphSplitRatios``, one positive ratio per IPU, normalised). An item goes to the
+    part whose cumulative share holds the middle of the item's cost."""
+    if len(ratios) != ipus or any(r <= 0 for r in ratios):
+        raise popart_exception(
+            f"SessionOptions.virtualGraphSplitRatios = {list(ratios)}: give one positive ratio "
+            f"per IPU of the replica ({ipus} IPU(s)), e.g. {[round(1 / ipus, 3)] * ipus}."
+        )
+    total_cost = sum(max(c, 0.0) for c in costs) or 1.0
+    total_ratio = sum(ratios)
+    bounds, running = [], 0.0
+    for r in ratios:
+        running += r / total_ratio
+        bounds.append(running * total_cost)
+    out, done, part = [], 0.0, 0
+    for c in costs:
+        middle = done + max(c, 0.0) / 2
+        while part < ipus - 1 and middle > bounds[part]:
+            part += 1
+        out.append(part)
+        done += max(c, 0.0)
+    return out
 
 
 def balanced_split(costs: list[float], parts: int) -> list[int]:

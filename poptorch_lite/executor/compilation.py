@@ -135,6 +135,7 @@ class CompileMixin:
                        disable=not self._options.show_compilation_progress_bar) as bar:
             bar.set_postfix_str("trace + ONNX export")
             traced = self._trace(leaves, signature, divisor)
+            self._check_int64_state(traced.param_map.values())
             bar.update()
             bar.set_postfix_str("check ops")
             tracing.check_supported(traced)
@@ -240,6 +241,8 @@ class CompileMixin:
         anchored = self._anchored_tensors(anchors)
         data_flow = popart.DataFlow(n, anchors)
         session_options = self._options.to_backend(self._training)
+        # wrapper.rng_state reads and writes the device RNG (getRNGState / setRNGState).
+        session_options.enableLoadAndOffloadRNGState = True
         if placement.multi_ipu:
             session_options.virtualGraphMode = popart.VirtualGraphMode.Manual
             session_options.enablePipelining = placement.pipelined

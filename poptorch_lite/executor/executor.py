@@ -24,28 +24,41 @@ The rest of its behaviour comes from mixins, one module each:
 
 from __future__ import annotations
 
+import atexit
+import logging
 import warnings
+import weakref
 
 import torch
+
+import popart_backend as popart
 
 from .. import blocks, optim
 from ..blocks import block_annotations
 from ..errors import Error
 from ..options.enums import ConnectionType, OutputMode
 from ..options.options import Options
-from . import weight_sync
+from . import replica_params, weight_sync
 from .compilation import (
     CompileMixin,
     _Executable,
 )
+from .executable import ExecutableMixin, prepare_load
 from .introspection import IntrospectionMixin
 from .running import RunMixin
 from .state_sync import StateSyncMixin
 
-__all__ = ["PoplarExecutor", "inferenceModel", "ipu_model", "trainingModel"]
+__all__ = ["PoplarExecutor", "inferenceModel", "ipu_model", "load", "poptorchAtExit",
+           "trainingModel"]
+
+_log = logging.getLogger("poptorch_lite")
+
+# Every wrapper alive, for poptorchAtExit.
+_LIVE: "weakref.WeakSet[PoplarExecutor]" = weakref.WeakSet()
 
 
-class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin, IntrospectionMixin):
+class PoplarExecutor(ExecutableMixin, CompileMixin, RunMixin, StateSyncMixin,
+                     IntrospectionMixin):
     """A module compiled for the simulated IPU; use like the module (``wrapper(x)``)."""
 
     def __init__(self, model: torch.nn.Module, options: Options | None, training: bool,
@@ -99,6 +112,12 @@ class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin, IntrospectionMixin)
         d["_steps_done"] = 0  # optimizer steps made on the device since compile
         d["_micro_batches_pending"] = 0  # BatchNorm num_batches_tracked not yet on the host
         d["_fast"] = None  # _FastCall: the last call's signature, to skip re-binding it
+        # RNG state read at detach, or set while detached: written to the device at attach.
+        d["_rng_state_host"] = None
+        # replicaGrouping settings: parameter name -> (CommGroupType, shards, retrieval mode)
+        d["per_replica_params"] = {}
+        replica_params.install_setters(self, model)
+        _LIVE.add(self)
         if training:
             link.set_training(self)
             weight_sync.install_hooks(model, link)
@@ -122,7 +141,11 @@ class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin, IntrospectionMixin)
         model = self.__dict__.get("_user_model")
         if model is None:
             raise AttributeError(name)
-        return getattr(model, name)
+        value = getattr(model, name)
+        if isinstance(value, torch.nn.Parameter):
+            # wrapper.<param>.replicaGrouping(...) configures this wrapper
+            replica_params.bind(self, name, value)
+        return value
 
     def __setattr__(self, name, value):
         if (name in self.__dict__ or name in type(self).__dict__
@@ -188,6 +211,49 @@ class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin, IntrospectionMixin)
     def _offline(self) -> bool:
         return self._options.connection_type is ConnectionType.Never
 
+    def copyWeightsToHostIfNeeded(self) -> bool:  # noqa: N802
+        """Copy the device weights to the host if a training run changed them since the last
+        copy; True if it copied. Inference wrappers never change their weights implicitly."""
+        if (self._training and self._link.host_dirty and self.isCompiled()
+                and self._attached):
+            self.copyWeightsToHost()
+            return True
+        return False
+
+    # --- RNG ---------------------------------------------------------------------------------
+
+    @property
+    def rng_state(self) -> list[int]:
+        """The device RNG's state, ``[seed, counter]`` per replica (the first value is the
+        seed); assigning a state read earlier makes the next runs' random ops draw again
+        what they drew after it was read."""
+        executable = self._require_compiled("rng_state")
+        if not self._attached:
+            if self._rng_state_host is None:
+                raise Error("rng_state: the device is not attached and holds no state read "
+                            "at detach; call attachToDevice() first.")
+            return list(self._rng_state_host)
+        try:
+            return executable.session.getRNGState()
+        except popart.popart_exception as exc:
+            raise Error(f"rng_state: the device cannot give its RNG state: {exc}") from exc
+
+    @rng_state.setter
+    def rng_state(self, state) -> None:
+        executable = self._require_compiled("rng_state = ...")
+        try:
+            state = [int(v) for v in state]
+        except (TypeError, ValueError):
+            raise Error(f"rng_state = {state!r}: give a list of ints as wrapper.rng_state "
+                        f"returns.") from None
+        if not self._attached:
+            self.__dict__["_rng_state_host"] = state
+            return
+        try:
+            executable.session.setRNGState(state)
+        except popart.popart_exception as exc:
+            raise Error(f"rng_state = {state}: {exc}") from exc
+
     # --- device ------------------------------------------------------------------------------
 
     def detachFromDevice(self) -> None:  # noqa: N802
@@ -198,6 +264,7 @@ class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin, IntrospectionMixin)
             self.copyWeightsToHost()
             if self._optimizer_state_dirty:
                 self._read_optimizer_state()
+        self.__dict__["_rng_state_host"] = self.rng_state
         self._device.detach()
         self.__dict__["_attached"] = False
 
@@ -214,6 +281,9 @@ class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin, IntrospectionMixin)
         self.__dict__["_attached"] = True
         executable.session.loadEngineAndConnectStreams()
         self.copyWeightsToDevice()
+        if self._rng_state_host is not None:
+            self.rng_state = self._rng_state_host
+            self.__dict__["_rng_state_host"] = None
         if self._training:
             self._write_optimizer_state()
 
@@ -265,9 +335,23 @@ class PoplarExecutor(CompileMixin, RunMixin, StateSyncMixin, IntrospectionMixin)
 
 # The members the mixins give the wrapper: like its class's own, they are set on the wrapper,
 # not forwarded to the user model.
-_MIXIN_MEMBERS = frozenset().union(*(vars(mixin) for mixin in (CompileMixin, RunMixin,
-                                                                 StateSyncMixin,
+_MIXIN_MEMBERS = frozenset().union(*(vars(mixin) for mixin in (ExecutableMixin, CompileMixin,
+                                                                 RunMixin, StateSyncMixin,
                                                                  IntrospectionMixin)))
+
+
+def poptorchAtExit() -> None:  # noqa: N802 - PopTorch's name
+    """Detach every live wrapper from its simulated IPUs (run at interpreter exit): training
+    wrappers read their weights and optimizer state back first, as detachFromDevice() does."""
+    released = 0
+    for wrapper in list(_LIVE):
+        if wrapper.isCompiled() and wrapper.isAttachedToDevice():
+            wrapper.detachFromDevice()
+            released += 1
+    _log.debug("poptorchAtExit: detached %d wrapper(s)", released)
+
+
+atexit.register(poptorchAtExit)
 
 
 def inferenceModel(model: torch.nn.Module,  # noqa: N802 - PopTorch's name
@@ -294,3 +378,14 @@ def ipu_model(model: torch.nn.Module, options: Options | None = None,
                       "model in training mode; pass an optimizer (or use trainingModel(), which "
                       "defaults to SGD) to train.", UserWarning, stacklevel=2)
     return inferenceModel(model, options)
+
+
+def load(filename, edit_opts_fn=None) -> PoplarExecutor:
+    """A wrapper rebuilt from a ``compileAndExport`` / ``save`` file written with
+    ``export_model=True`` (P68): options, weights, optimizer and RNG state restored, nothing
+    traced or compiled again; ``edit_opts_fn(options)`` may change run-time options only."""
+    contents, model, options, optimizer = prepare_load(filename, edit_opts_fn)
+    wrapper = PoplarExecutor(model, options, training=optimizer is not None,
+                             optimizer=optimizer)
+    wrapper._load_contents(contents, filename)
+    return wrapper

@@ -91,7 +91,7 @@ class RunMixin:
             if name is None:
                 continue
             if leaf.dtype is torch.int64:
-                _check_int32(leaf, f"Input {spec.path}")
+                check_int32(leaf, f"Input {spec.path}")
             array = leaf.cpu().numpy()
             if not spec.shape:
                 # 0-d tensors are not sliced: every micro-batch of every replica sees the same
@@ -174,7 +174,7 @@ class RunMixin:
             if shape is not None:
                 tensor = tensor.view(shape)  # initAnchorArrays' arrays are C-contiguous
             if narrow is torch.int32:
-                _check_int32(tensor, f"Output '{name}' of forward")
+                check_int32(tensor, f"Output '{name}' of forward")
             results[name] = tensor if narrow is None else tensor.to(narrow)
         leaves = []
         for index, source in enumerate(traced.output_leaf_sources):
@@ -190,7 +190,7 @@ class RunMixin:
 _INT32 = torch.iinfo(torch.int32)
 
 
-def _check_int32(tensor: torch.Tensor, what: str) -> None:
+def check_int32(tensor: torch.Tensor, what: str) -> None:
     """An int64 input or output must fit int32, the IPU's integer type (P17): refused rather
     than wrapped. One min/max pass over the tensor."""
     if not tensor.numel():

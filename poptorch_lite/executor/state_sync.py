@@ -17,9 +17,10 @@ import torch
 
 import popart_backend as popart
 
-from .. import optimizer_translation
+from .. import optim, optimizer_translation
 from ..errors import Error
 from .compilation import backend_error
+from .running import check_int32
 
 
 class StateSyncMixin:
@@ -29,6 +30,15 @@ class StateSyncMixin:
         state = dict(self._user_model.named_parameters())
         state.update(self._user_model.named_buffers())
         return state
+
+    def _check_int64_state(self, fqns) -> None:
+        """int64 parameters and buffers must fit int32 on the device, as inputs must (P17)."""
+        state = self._state_tensors()
+        for fqn in fqns:
+            tensor = state.get(fqn)
+            if tensor is not None and tensor.dtype is torch.int64:
+                kind = "Parameter" if isinstance(tensor, torch.nn.Parameter) else "Buffer"
+                check_int32(tensor.detach(), f"{kind} '{fqn}'")
 
     def copyWeightsToHost(self) -> None:  # noqa: N802
         """Device weights -> the user model's parameters and buffers, by name (P8)."""
@@ -56,6 +66,7 @@ class StateSyncMixin:
         """The user model's parameters and buffers -> device (P9)."""
         executable = self._require_compiled("copyWeightsToDevice()")
         self._link.pull()
+        self._check_int64_state(executable.traced.param_map.values())
         state = self._state_tensors()
         arrays = {onnx_name: np.ascontiguousarray(state[fqn].detach().cpu().numpy())
                   for onnx_name, fqn in executable.device_weights.items()}
@@ -93,6 +104,7 @@ class StateSyncMixin:
         self._optimizer_hooks.extend([
             optimizer.register_state_dict_pre_hook(before_state_dict),
             optimizer.register_load_state_dict_post_hook(after_load_state_dict)])
+        optim.hold(optimizer, self)
         step = _state_step(optimizer)
         if step is not None:
             self.__dict__["_steps_done"] = step
@@ -101,6 +113,7 @@ class StateSyncMixin:
         for handle in self._optimizer_hooks:
             handle.remove()
         self._optimizer_hooks.clear()
+        optim.hold(self._optimizer, None)
 
     def _read_optimizer_state(self) -> None:
         """Device optimizer state -> ``optimizer.state`` in torch's format (and ``_ipu_state``)."""
@@ -143,6 +156,7 @@ class StateSyncMixin:
             session, translation = executable.session, executable.translation
         self.__dict__["_optimizer_state_pending"] = False
         optimizer = self._optimizer
+        optim.written(optimizer)
         arrays = {}
         for weight_id, slots in translation.state.items():
             entry = optimizer.state.get(translation.weights[weight_id], {})

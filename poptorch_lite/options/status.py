@@ -80,9 +80,7 @@ SETTER_STATUS: dict[str, SetterStatus] = {
                           "getAnchoredTensor"),
     # device, seed, caching
     "randomSeed": built("compilation.py: session.setRandomSeed; data.py shuffling"),
-    "enableExecutableCaching": no_effect(
-        "compiling for the simulated IPU is not cached: every wrapper compiles again, with the "
-        "same result", executableCachePath=None),
+    "enableExecutableCaching": built("executor/executable.py: the executable cache"),
     "useIpuModel": built("compilation.py: createIpuModelDevice"),
     "useIpuId": built("compilation.py: acquireDeviceById"),
     "useOfflineIpuTarget": built("compilation.py: createOfflineIPUDevice"),

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from popart_backend.errors import ShapeError
 from popart_backend.ops.registry import registered_versions
-from tests.helpers import check_op, one_op_model, rand, run_popart
+from tests.helpers import assert_close, check_op, one_op_model, rand, run_popart
 
 
 def _bn_inputs(x_shape, param_shape, dtype=np.float32):
@@ -61,11 +61,16 @@ def test_batch_norm_running_stats_outputs_unchanged(version):
     np.testing.assert_array_equal(outs[1], inputs[3])
 
 
-def test_batch_norm_saved_stats_rejected():
-    model, feeds = one_op_model("BatchNormalization", _bn_inputs((2, 3, 4), (3,)), opset=9,
-                                num_outputs=5)
-    with pytest.raises(ShapeError, match="BatchNormalization .*5 outputs requested, the op has 3"):
-        run_popart(model, feeds)
+def test_batch_norm_saved_stats_in_inference():
+    """PopART's num_outputs=5: in inference Y still uses the running statistics; saved_mean and
+    saved_var are the batch's mean and biased variance."""
+    inputs = _bn_inputs((2, 3, 4), (3,))
+    model, feeds = one_op_model("BatchNormalization", inputs, opset=9, num_outputs=5)
+    outs = run_popart(model, feeds)
+    x = inputs[0]
+    assert_close(outs["out0"], _bn_ref()(*inputs), rtol=1e-5, atol=1e-5)
+    assert_close(outs["out3"], x.mean(axis=(0, 2)), rtol=1e-5, atol=1e-6)
+    assert_close(outs["out4"], x.var(axis=(0, 2)), rtol=1e-5, atol=1e-6)
 
 
 def test_batch_norm_mixed_dtypes_v15():

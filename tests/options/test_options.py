@@ -13,6 +13,7 @@ import popart_backend as popart
 from popart_backend.errors import NotImplementedOptionError
 from popart_backend.options.checks import OPTION_STATUS, BuildState, check_buildable, option_status
 from popart_backend.options.typed import OptionDict
+from tests.options.test_session_options_fields import NEW_DEFAULTS
 
 # The defaults as written in spec §2.4, typed out independently of options.py.
 SPEC_DEFAULTS = {
@@ -107,6 +108,9 @@ STRUCT_FIELDS = {
     "optimizerStateTensorLocationSettings",
     "accumulatorTensorLocationSettings",
     "automaticLossScalingSettings",
+    # Their PopART defaults are checked in test_session_options_fields.py.
+    "replicatedCollectivesSettings",
+    "experimentalSettings",
 }
 DICT_FIELDS = [
     "engineOptions",
@@ -121,7 +125,9 @@ DICT_FIELDS = [
 def test_F9_every_field_has_the_spec_default():
     opts = popart.SessionOptions()
     names = {f.name for f in dataclasses.fields(popart.SessionOptions)}
-    assert names == set(SPEC_DEFAULTS) | STRUCT_FIELDS
+    # The fields PopART added after 2.3 (and their defaults) are in
+    # test_session_options_fields.py.
+    assert names == set(SPEC_DEFAULTS) | STRUCT_FIELDS | set(NEW_DEFAULTS)
     for name, default in SPEC_DEFAULTS.items():
         value = getattr(opts, name)
         assert value == default, name
@@ -414,25 +420,22 @@ def test_defaults_are_buildable(training):
 def test_check_buildable_lists_every_offending_field_at_once():
     opts = popart.SessionOptions()
     opts.enableSupportedDataTypeCasting = False
-    opts.gclOptions = {"useSynclessCollectives": "true"}
-    opts.groupHostSync = True
-    opts.customCodelets = ["my.cpp"]
+    opts.mergeVarUpdate = popart.MergeVarUpdateType.All
+    opts.decomposeGradSum = True
+    opts.customCodelets = ["my.cpp"]  # no effect: logged, not listed
     opts.enableStochasticRounding = True
     # Replicated tensor sharding is built (transforms/rts.py): not listed.
     opts.weightTensorLocationSettings.location.replicatedTensorSharding = (
         popart.ReplicatedTensorSharding.On)
     with pytest.raises(NotImplementedOptionError) as info:
-        check_buildable(opts, training=False)
+        check_buildable(opts, training=True)
     text = str(info.value)
-    assert "5 SessionOptions value(s)" in text
-    assert ("gclOptions = {'useSynclessCollectives': 'true'} (default {}): collective (GCL) "
-            "options, not built yet") in text
+    assert "4 SessionOptions value(s)" in text
+    assert ("mergeVarUpdate = MergeVarUpdateType.All (default MergeVarUpdateType.Off): "
+            "training, not built yet") in text
     assert "enableSupportedDataTypeCasting = False (default True)" in text
-    assert ("groupHostSync = True (default False): grouped host syncs in the cycle model, not "
-            "built yet") in text
-    assert "customCodelets = ['my.cpp'] (default []): custom codelets, not built yet" in (
-        text
-    )
+    assert "decomposeGradSum = True (default False): decomposed grad sums, not built yet" in text
+    assert "customCodelets" not in text
     assert ("enableStochasticRounding = True (default False): stochastic rounding of float16 "
             "results, not built yet") in text
     assert "replicatedTensorSharding" not in text

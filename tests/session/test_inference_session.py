@@ -58,7 +58,8 @@ def test_properties_and_get_info_F112():
     flow = popart.DataFlow(3, ["y"])
     session = popart.InferenceSession(affine_model(), flow, ipu_model_device(2),
                                       userOptions=options)
-    assert session.dataFlow is flow
+    # The session keeps its own copy (DataFlow.setBatchesPerStep changes later sessions only).
+    assert session.dataFlow.batchesPerStep() == 3 and session.dataFlow.anchors() == ["y"]
     assert session.replicationFactor == 2
     assert session.accumulationFactor == 1
     info = session.getInfo("y")

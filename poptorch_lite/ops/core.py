@@ -8,6 +8,7 @@ CPU like any torch op, is kept opaque by ``torch.export``, and is translated to 
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import numpy as np
@@ -18,8 +19,7 @@ from onnxscript import values as onnxscript_values
 
 import popart_backend as popart
 
-from .blocks import isRunningOnIpu
-from .errors import Error
+from ..errors import Error
 
 __all__ = ["custom_op", "identity_loss", "nop", "set_available_memory", "ipu_print_tensor"]
 
@@ -91,14 +91,62 @@ def set_available_memory(tensor: torch.Tensor, available_memory_proportion: floa
     return tensor
 
 
+@torch.library.custom_op("poptorch_lite::print_tensor", mutates_args=())
+def _print_tensor(x: torch.Tensor, title: str, print_gradient: bool) -> torch.Tensor:
+    print(title, x)
+    return x.clone()
+
+
+@_print_tensor.register_fake
+def _(x, title, print_gradient):
+    return torch.empty_like(x)
+
+
+def _print_tensor_setup(ctx, inputs, output):
+    ctx.title, ctx.print_gradient = inputs[1], inputs[2]
+
+
+def _print_tensor_backward(ctx, grad):
+    if ctx.print_gradient:
+        print(f"{ctx.title}_gradient", grad)
+    return grad, None, None
+
+
+_print_tensor.register_autograd(_print_tensor_backward, setup_context=_print_tensor_setup)
+
+_PRINT_FORMAT_DEFAULTS = {"summarise_threshold": 1000, "edge_items": 3, "max_line_width": 80,
+                          "digits": 4, "float_format": "auto", "separator": ", ",
+                          "open_bracket": "(", "close_bracket": ")"}
+_logged: set[str] = set()
+
+
 def ipu_print_tensor(tensor: torch.Tensor, title: str = "", print_gradient: bool = True,
-                     **_format):
-    """Print ``tensor`` when executed on CPU (host runs); identity in the traced graph."""
+                     summarise_threshold: int = 1000, edge_items: int = 3,
+                     max_line_width: int = 80, digits: int = 4, float_format: str = "auto",
+                     separator: str = ", ", open_bracket: str = "(", close_bracket: str = ")"):
+    """Identity that prints ``tensor`` each time it runs, and its gradient too with
+    ``print_gradient`` (P59). On the IPU it is an ``ai.graphcore::PrintTensor`` node, printed
+    by the simulator as ``<title>: <values>`` (the gradient as ``Gradient___<title>``); run
+    eagerly on CPU it prints with torch's format. The formatting arguments are checked and
+    logged once as having no effect (the simulator prints every value)."""
     if not isinstance(tensor, torch.Tensor):
         raise Error(f"ipu_print_tensor: expected a tensor, got {type(tensor).__name__}.")
-    if not isRunningOnIpu():
-        print(title, tensor)
-    return tensor
+    if not isinstance(title, str):
+        raise Error(f"ipu_print_tensor: title must be a string, got {title!r}.")
+    if float_format not in ("auto", "fixed", "scientific", "none"):
+        raise ValueError(f"ipu_print_tensor: float_format must be 'auto', 'fixed', "
+                         f"'scientific' or 'none', got {float_format!r}.")
+    given = {"summarise_threshold": summarise_threshold, "edge_items": edge_items,
+             "max_line_width": max_line_width, "digits": digits, "float_format": float_format,
+             "separator": separator, "open_bracket": open_bracket,
+             "close_bracket": close_bracket}
+    changed = sorted(k for k, v in given.items() if v != _PRINT_FORMAT_DEFAULTS[k])
+    if changed and "print_format" not in _logged:
+        _logged.add("print_format")
+        logging.getLogger("poptorch_lite").warning(
+            "ipu_print_tensor: %s have no effect; tensors are printed with every value.",
+            ", ".join(changed))
+    return _print_tensor(tensor, title, bool(print_gradient))
 
 
 # --- ONNX translation -----------------------------------------------------------------------------
@@ -118,13 +166,24 @@ def _register_schemas() -> None:
                                                  "0 sum, 1 mean, 2 none")],
     )
     onnx.defs.register_schema(schema)
+    if not onnx.defs.has("PrintTensor", GRAPHCORE):
+        onnx.defs.register_schema(onnx.defs.OpSchema(
+            "PrintTensor", GRAPHCORE, 1,
+            inputs=[onnx.defs.OpSchema.FormalParameter("x", "T")],
+            outputs=[onnx.defs.OpSchema.FormalParameter("y", "T")],
+            type_constraints=[("T", _ONNX_TYPES, "")],
+            attributes=[onnx.defs.OpSchema.Attribute("print_gradient", _AttrType.INT, ""),
+                        onnx.defs.OpSchema.Attribute("title", _AttrType.STRING, "")]))
+
+
+def _translate_print_tensor(x, title: str, print_gradient: bool):
+    return _GC.PrintTensor(x, print_gradient=int(print_gradient), title=title)
 
 
 def _translate_identity_loss(x, reduction: int):
     return _GC.IdentityLoss(x, reduction=reduction)
 
 
-_register_schemas()
 
 
 # --- custom_op (P61) ----------------------------------------------------------------------------
@@ -276,8 +335,12 @@ def custom_op(inputs, name: str, domain: str, domain_version: int, example_outpu
     return [result] if len(outputs) == 1 else list(result)
 
 
+_register_schemas()
+
+
 def translation_table() -> dict:
     """``custom_translation_table`` entries for ``torch.onnx.export``."""
-    table = {torch.ops.poptorch_lite.identity_loss.default: _translate_identity_loss}
+    table = {torch.ops.poptorch_lite.identity_loss.default: _translate_identity_loss,
+             torch.ops.poptorch_lite.print_tensor.default: _translate_print_tensor}
     table.update(_CUSTOM_TRANSLATIONS)
     return table

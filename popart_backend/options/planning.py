@@ -1,0 +1,93 @@
+"""The planning dicts of SessionOptions: ``convolutionOptions``, ``matmulOptions`` and
+``lstmOptions`` (spec §2.3). PopART hands them to the Poplar libraries' planners; here each key
+is checked and either has the effect of the matching per-op setting or is logged once as having
+no effect in the simulator's model:
+
+- ``"partialsType"`` ("float" / "half", any case): in ``matmulOptions``, "half" makes the
+  float16 matmuls accumulate in float16, exactly as ``partialsTypeMatMuls = "half"`` does
+  (transforms/numerics_options.py). The simulated convolutions and LSTMs have no float16
+  accumulation, so "half" there is refused as not built yet; "float" is what they do.
+- ``"availableMemoryProportion"`` (a number in (0, 1]): the budget of a planner's temporary
+  memory. The model has no convolution/matmul planner temporaries, so, like
+  ``builder.setAvailableMemoryProportion``, it changes no modelled number: logged once.
+- any other key: logged once as having no effect.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..errors import NotImplementedOptionError, popart_exception
+
+__all__ = ["check_planning_options", "matmul_half_partials"]
+
+_log = logging.getLogger("popart:session")
+_PLANNING_DICTS = ("convolutionOptions", "matmulOptions", "lstmOptions")
+_PARTIALS = ("float", "half")
+_logged: set[tuple[str, str]] = set()
+
+
+def _log_once(where: str, key: str, why: str) -> None:
+    if (where, key) in _logged:
+        return
+    _logged.add((where, key))
+    _log.warning("SessionOptions.%s[%r] has no effect in the simulator: %s.", where, key, why)
+
+
+def _partials(where: str, value: str) -> str:
+    kind = value.lower()
+    if kind not in _PARTIALS:
+        raise popart_exception(
+            f"SessionOptions.{where}['partialsType'] = {value!r}: use \"float\" or \"half\"."
+        )
+    return kind
+
+
+def check_planning_options(options) -> None:
+    """Check every key of the three planning dicts of ``options`` (SessionOptions); raise
+    popart_exception for an invalid value, NotImplementedOptionError for a setting not built,
+    and log the keys without effect once."""
+    for where in _PLANNING_DICTS:
+        for key, value in getattr(options, where).items():
+            if key == "partialsType":
+                kind = _partials(where, value)
+                if kind == "half" and where != "matmulOptions":
+                    what = "convolutions" if where == "convolutionOptions" else "LSTMs"
+                    raise NotImplementedOptionError(
+                        f"SessionOptions.{where}['partialsType'] = {value!r}: float16 partials "
+                        f"of {what} are not built yet (the simulated {what} accumulate in "
+                        f"float32). Use \"float\" or leave the key out."
+                    )
+            elif key == "availableMemoryProportion":
+                try:
+                    proportion = float(value)
+                except ValueError:
+                    proportion = float("nan")
+                if not 0.0 < proportion <= 1.0:
+                    raise popart_exception(
+                        f"SessionOptions.{where}['availableMemoryProportion'] = {value!r}: use "
+                        f"a number in (0, 1], as a string (e.g. \"0.6\")."
+                    )
+                _log_once(where, key, "the model has no planner temporaries to budget (as "
+                                      "builder.setAvailableMemoryProportion)")
+            else:
+                _log_once(where, key, "the simulator has no Poplar planner to pass it to")
+    matmul_half_partials(options)
+
+
+def matmul_half_partials(options) -> bool:
+    """Whether the float16 matmuls accumulate in float16: ``partialsTypeMatMuls`` if set,
+    else ``matmulOptions["partialsType"]``. Raises popart_exception when both are set and
+    disagree."""
+    global_value = options.partialsTypeMatMuls.lower()
+    key_value = options.matmulOptions.get("partialsType")
+    if key_value is None:
+        return global_value == "half"
+    kind = _partials("matmulOptions", key_value)
+    if global_value and global_value != kind:
+        raise popart_exception(
+            f"SessionOptions.partialsTypeMatMuls = {options.partialsTypeMatMuls!r} and "
+            f"matmulOptions['partialsType'] = {key_value!r} disagree; set one of them, or give "
+            f"both the same value."
+        )
+    return kind == "half"

@@ -1,0 +1,167 @@
+"""The sessions' smaller PopART methods: the random seed, the IR and graph dumps, the host /
+device weight synchronisation flags of popxl, engine state, saving variables, external-data
+locations and the distributed weight broadcast. ``SessionBase`` mixes them in; they use the
+session's ``_ir``, ``_model``, ``_device``, ``_program``, ``_host_weights`` and ``_options``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from .builder.public_types import IrSerializationFormat
+from .errors import OutOfMemoryError, OutOfMemoryException, popart_exception
+from .ir.dump import ir_to_json
+
+__all__ = ["SessionMethodsMixin"]
+
+_log = logging.getLogger("popart:session")
+_LOGGED: set[str] = set()
+
+
+def _log_once(key: str, message: str) -> None:
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        _log.warning(message)
+
+
+class SessionMethodsMixin:
+    """See the module docstring."""
+
+    _host_weights_in_sync = True
+
+    def getRandomSeed(self) -> int:  # noqa: N802 - PopART's names
+        """The seed of the last ``setRandomSeed`` (0 when never set)."""
+        return self._random_seed
+
+    def _prepare_with_status(self, load_engine: bool, err) -> None:
+        """``prepareDevice(loadEngine, err)``: an overflow fills ``err`` instead of raising."""
+        if not isinstance(err, OutOfMemoryError):
+            raise popart_exception(
+                f"prepareDevice(err=...): err must be a popart.OutOfMemoryError, got "
+                f"{type(err).__name__}."
+            )
+        err._set_status("", "", "")
+        try:
+            self.prepareDevice(load_engine)
+        except OutOfMemoryException as exc:
+            err._set_status(str(exc), exc.getSummaryReport(), exc.getProfilePath())
+
+    # --- dumps --------------------------------------------------------------------------------
+    def _serializeIr(self, format=IrSerializationFormat.JSON) -> str:  # noqa: N802,A002
+        """The IR as PopART's JSON dump (``ir/dump.py``)."""
+        if format is not IrSerializationFormat.JSON:
+            raise popart_exception(
+                f"_serializeIr: format {format!r} is not an IrSerializationFormat; use "
+                f"IrSerializationFormat.JSON."
+            )
+        return json.dumps(ir_to_json(self._ir, self._model.proto.graph.name))
+
+    def getSerializedGraph(self) -> bytes:  # noqa: N802
+        """The compiled graph, serialised: the simulator runs the IR, so it is the IR's JSON
+        dump as bytes. Needs ``prepareDevice()``."""
+        if self._device is None:
+            raise popart_exception(
+                "getSerializedGraph() needs a compiled graph; call session.prepareDevice() first."
+            )
+        return self._serializeIr(IrSerializationFormat.JSON).encode()
+
+    def checkInplacingAmbiguity(self) -> None:  # noqa: N802
+        """PopART checks that in-place ops' results do not depend on the schedule. The
+        simulator runs one fixed total order of ops, so no ambiguity exists to find."""
+        _log_once("checkInplacingAmbiguity",
+                  "checkInplacingAmbiguity() has nothing to check: the simulator runs the ops "
+                  "in one fixed order, so in-place results never depend on the schedule.")
+
+    # --- host / device weights (popxl's helpers) ----------------------------------------------
+    def copyDeviceWeightsToHost(self) -> None:  # noqa: N802
+        """Device weights -> host copies (``weightsToHost``), then mark them in sync."""
+        self.weightsToHost()
+        self._host_weights_in_sync = True
+
+    def markHostWeightsOutOfSync(self) -> None:  # noqa: N802
+        self._host_weights_in_sync = False
+
+    def markHostWeightsInSync(self) -> None:  # noqa: N802
+        self._host_weights_in_sync = True
+
+    def areHostWeightsInSync(self) -> bool:  # noqa: N802
+        """False after a training run until ``weightsToHost`` / ``copyDeviceWeightsToHost``;
+        the ``mark*`` methods set it directly."""
+        return self._host_weights_in_sync
+
+    def setEngineIsLoaded(self, isLoaded: bool) -> None:  # noqa: N802,N803
+        """Tell the session whether its engine is on the device (several sessions sharing
+        one device): with False, ``run()`` and the weight copies ask to load it again."""
+        if isLoaded and self._device is None:
+            raise popart_exception(
+                "setEngineIsLoaded(True): no engine was compiled; call prepareDevice() first."
+            )
+        self._engine_loaded = bool(isLoaded)
+
+    def saveVariables(self, path) -> None:  # noqa: N802
+        """Write the device's variables (weights) to ``path`` as a numpy ``.npz`` archive."""
+        device = self._ready_device("saveVariables()")
+        values = device.read_weights(self._program.weights)
+        with open(path, "wb") as f:
+            np.savez(f, **values)
+
+    def updateExternallySavedTensorLocations(self, fromLocation: str,  # noqa: N802,N803
+                                             toLocation: str) -> None:  # noqa: N803
+        """Copy the external-data file ``fromLocation`` to ``toLocation`` and point the
+        model's initializers stored there at the new file (``modelToHost`` writes there)."""
+        base = self._model.base_dir
+        source, target = base / fromLocation, Path(toLocation)
+        target = target if target.is_absolute() else base / target
+        moved = [init for init in self._model.proto.graph.initializer
+                 if init.data_location == onnx.TensorProto.EXTERNAL
+                 and any(e.key == "location" and (base / e.value).resolve() == source.resolve()
+                         for e in init.external_data)]
+        if not moved:
+            raise popart_exception(
+                f"updateExternallySavedTensorLocations: no initializer of the model is saved in "
+                f"'{fromLocation}' (looked in '{base}')."
+            )
+        shutil.copyfile(source, target)
+        for init in moved:
+            for entry in init.external_data:
+                if entry.key == "location":
+                    entry.value = str(Path(toLocation)) if Path(toLocation).is_absolute() else (
+                        toLocation)
+
+    def broadcastWeights(self, rootRank: int = 0) -> None:  # noqa: N802,N803
+        """Give every instance the weights of instance ``rootRank`` (distributed replication):
+        each weight is gathered over all replicas and the root's first replica's value is
+        written to this instance's device."""
+        device = self._ready_device("broadcastWeights()")
+        comm = device.comm
+        instances = comm.total // comm.local
+        if not 0 <= rootRank < instances:
+            raise popart_exception(
+                f"broadcastWeights(rootRank={rootRank}): there are {instances} instances "
+                f"(ranks 0..{instances - 1})."
+            )
+        if instances == 1:
+            _log_once("broadcastWeights", "broadcastWeights(): one instance only; its weights "
+                      "are already everyone's.")
+            return
+        values = {}
+        for tensor_id, value in device.read_weights(self._program.weights).items():
+            local = [torch.from_numpy(np.ascontiguousarray(value))] * comm.local
+            values[tensor_id] = comm.gather(local, "broadcastWeights")[
+                rootRank * comm.local].numpy()
+        device.write_weights(values)
+
+    def connectStreamToCallback(self, streamHandle: str, callback, index: int = 0) -> None:  # noqa: N802,N803
+        """PopART binds a host callback to a raw Poplar stream. The simulated device has no
+        Poplar streams to bind: feed inputs and take anchors with ``PyStepIOCallback``."""
+        raise popart_exception(
+            f"connectStreamToCallback('{streamHandle}'): the simulated device has no Poplar "
+            f"streams to bind callbacks to. Use PyStepIOCallback(input_fn, input_complete_fn, "
+            f"output_fn, output_complete_fn) to serve inputs and anchors from callbacks."
+        )

@@ -1,0 +1,317 @@
+"""IPU ops inside forward (P59, P62): dynamic_slice/update, serializedMatMul,
+recomputationCheckpoint, IO overlap, ctc_beam_search_decoder, fps/nearest, NameScope,
+Attribute, MultiConv, CPU and ipu_print_tensor, each against eager torch or numpy."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import popart_backend as popart
+import poptorch_lite as poptorch
+from poptorch_lite.testing import assert_allclose
+
+from .training_helpers import compare_training
+
+
+def _nodes(wrapper):
+    return list(wrapper._active.traced.proto.graph.node)
+
+
+def _attrs(node):
+    return {a.name: a for a in node.attribute}
+
+
+# --- dynamic_slice / dynamic_update -------------------------------------------------------------
+
+
+class SliceModel(torch.nn.Module):
+    def __init__(self, step=1):
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(8, 3))
+        self.step = step
+
+    def forward(self, x, start, target):
+        window = poptorch.dynamic_slice(self.w * x, 0, start, 3, self.step)
+        updated = poptorch.dynamic_update(self.w, window * 2, 0, start + 1, 3)
+        out = updated.sum(1)
+        return out, torch.nn.functional.mse_loss(out, target)
+
+
+def _slice_reference(w, x, start, step, target):
+    """The same model with plain Python indexing (start clamped so the window fits)."""
+    first = min(max(start, 0), 8 - (2 * step + 1))
+    window = (w * x)[first:first + 2 * step + 1:step]
+    first_update = min(max(start + 1, 0), 8 - 3)
+    updated = torch.cat([w[:first_update], window * 2, w[first_update + 3:]])
+    return updated.sum(1), torch.nn.functional.mse_loss(updated.sum(1), target)
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_dynamic_slice_and_update_match_indexing_forward_and_grad(step):
+    model = SliceModel(step)
+    x, target = torch.randn(8, 3), torch.randn(8)
+    wrapper = poptorch.inferenceModel(model)
+    for start in (0, 2, 7):  # 7: the windows are moved back to fit
+        index = torch.tensor([start], dtype=torch.int32)
+        expected = _slice_reference(model.w.detach(), x, start, step, target)
+        assert_allclose(actual=wrapper(x, index, target), expected=expected)
+    assert {"DynamicSlice", "DynamicUpdate"} <= {n.op_type for n in _nodes(wrapper)}
+    # gradients: eager autograd of the custom ops against plain indexing, and the IPU against
+    # the eager model
+    w = model.w.detach().clone().requires_grad_()
+    _slice_reference(w, x, 3, step, target)[1].backward()
+    mine = model.w.detach().clone().requires_grad_()
+    model_copy = SliceModel(step)
+    model_copy.w = torch.nn.Parameter(mine)
+    model_copy(x, torch.tensor([3]), target)[1].backward()
+    assert_allclose(actual=model_copy.w.grad, expected=w.grad)
+    batches = [(x, torch.tensor([s], dtype=torch.int32), target) for s in (1, 4)]
+    compare_training(SliceModel(step), lambda p: torch.optim.SGD(p, lr=0.1), batches)
+
+
+def test_dynamic_slice_errors():
+    x = torch.zeros(4, 5)
+    with pytest.raises(poptorch.Error, match="size must be a Python int"):
+        poptorch.dynamic_slice(x, 0, torch.tensor([0]), 2.0, 1)
+    with pytest.raises(poptorch.Error, match="dim must be a Python int"):
+        poptorch.dynamic_slice(x, torch.tensor(0), torch.tensor([0]), 2, 1)
+    with pytest.raises(poptorch.Error, match="spans 7 elements"):
+        poptorch.dynamic_slice(x, 0, torch.tensor([0]), 4, 2)
+    with pytest.raises(poptorch.Error, match="start must be a one-element integer"):
+        poptorch.dynamic_slice(x, 0, 1, 2, 1)
+    with pytest.raises(poptorch.Error, match="src must be float32"):
+        poptorch.dynamic_update(x, torch.zeros(3, 5), 0, torch.tensor([0]), 2)
+
+
+# --- serializedMatMul / recomputationCheckpoint -------------------------------------------------
+
+
+class MatMulModel(torch.nn.Module):
+    def __init__(self, mode, factor, checkpoint=False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(4, 6))
+        self.mode, self.factor, self.checkpoint = mode, factor, checkpoint
+
+    def forward(self, x, target):
+        h = poptorch.serializedMatMul(x, self.w, self.mode, self.factor, True)
+        if self.checkpoint:
+            h = poptorch.recomputationCheckpoint(torch.tanh(h))
+        out = torch.tanh(h)
+        return out, torch.nn.functional.mse_loss(out, target)
+
+
+def _matmul_batches():
+    generator = torch.Generator().manual_seed(3)
+    return [(torch.randn(2, 4, generator=generator), torch.randn(2, 6, generator=generator))
+            for _ in range(2)]
+
+
+@pytest.mark.parametrize("mode,factor", [(poptorch.MatMulSerializationMode.ReducingDim, 2),
+                                         (poptorch.MatMulSerializationMode.OutputChannels, 3)])
+def test_serialized_matmul_numbers_gradient_and_annotations(mode, factor):
+    wrapper, _, _ = compare_training(MatMulModel(mode, factor),
+                                     lambda p: torch.optim.SGD(p, lr=0.1), _matmul_batches())
+    matmul = next(n for n in _nodes(wrapper) if n.op_type == "MatMul")
+    attrs = _attrs(matmul)
+    assert attrs["__serialize_matmul_mode"].s.decode() == mode.value
+    assert attrs["__serialize_matmul_factor"].i == factor
+    assert attrs["__serialize_matmul_precision"].i == 1
+
+
+def test_serialized_matmul_errors():
+    a, b = torch.zeros(2, 4), torch.zeros(4, 6)
+    with pytest.raises(ValueError, match="MatMulSerializationMode"):
+        poptorch.serializedMatMul(a, b, "reducing_dim", 2)
+    with pytest.raises(poptorch.Error, match="divide the ReducingDim dimension"):
+        poptorch.serializedMatMul(a, b, poptorch.MatMulSerializationMode.ReducingDim, 3)
+    plain = poptorch.serializedMatMul(a + 1, b + 2, poptorch.MatMulSerializationMode.Disabled)
+    assert_allclose(actual=plain, expected=(a + 1) @ (b + 2))
+
+
+def test_recomputation_checkpoint_keeps_numbers_and_marks_the_node():
+    options = poptorch.Options()
+    # RecomputeAll: every forward op recomputes except the checkpoints
+    options._Popart.set("autoRecomputation", popart.RecomputationType.RecomputeAll)
+    wrapper, _, _ = compare_training(
+        MatMulModel(poptorch.MatMulSerializationMode.Disabled, 0, checkpoint=True),
+        lambda p: torch.optim.SGD(p, lr=0.1), _matmul_batches(), options=options)
+    nop = next(n for n in _nodes(wrapper) if n.op_type == "Nop")
+    assert _attrs(nop)["__recompute_output_in_backward_pass"].i == 1  # Checkpoint
+    with pytest.raises(ValueError, match="only tensors"):
+        poptorch.recomputationCheckpoint(torch.ones(1), 2)
+    a, b = torch.ones(1), torch.zeros(2)
+    first, second = poptorch.recomputationCheckpoint(a, b)
+    assert torch.equal(first, a) and torch.equal(second, b)
+
+
+def test_set_overlap_checks_its_mode_and_returns_the_tensors():
+    x = torch.ones(2)
+    assert poptorch.set_overlap_for_input(x, poptorch.OverlapMode.NoOverlap) is x
+    assert poptorch.set_overlap_for_output(
+        [x], poptorch.OverlapMode.OverlapDeviceIterationLoop)[0] is x
+    with pytest.raises(ValueError, match="OverlapMode"):
+        poptorch.set_overlap_for_input(x, "overlap")
+
+
+# --- ctc_beam_search_decoder ----------------------------------------------------------------
+
+
+def _exact_label_probs(log_probs: np.ndarray, blank: int):
+    """Every label sequence's probability by enumerating all alignments (tiny T and C)."""
+    t, c = log_probs.shape
+    totals: dict = {}
+    for path in itertools.product(range(c), repeat=t):
+        labels, previous = [], None
+        for symbol in path:
+            if symbol != previous and symbol != blank:
+                labels.append(symbol)
+            previous = symbol
+        p = math.exp(sum(log_probs[i, s] for i, s in enumerate(path)))
+        totals[tuple(labels)] = totals.get(tuple(labels), 0.0) + p
+    return sorted(totals.items(), key=lambda kv: -kv[1])
+
+
+def test_ctc_beam_search_decoder_matches_exhaustive_search():
+    class Decoder(torch.nn.Module):
+        def forward(self, probs, lengths):
+            return poptorch.ctc_beam_search_decoder(probs, lengths, blank=0, beam_width=50,
+                                                    top_paths=2)
+
+    generator = torch.Generator().manual_seed(4)
+    probs = torch.log_softmax(torch.randn(4, 2, 3, generator=generator), -1)  # [T, N, C]
+    lengths = torch.tensor([4, 3], dtype=torch.int32)
+    scores, path_lengths, paths = poptorch.inferenceModel(Decoder())(probs, lengths)
+    for b in range(2):
+        expected = _exact_label_probs(probs[:lengths[b], b].double().numpy(), blank=0)
+        for j in range(2):
+            labels, p = expected[j]
+            assert_allclose(actual=scores[b, j], expected=torch.tensor(math.log(p)), rtol=1e-5,
+                            atol=1e-5)
+            assert int(path_lengths[b, j]) == len(labels)
+            assert paths[b, j, :len(labels)].tolist() == list(labels)
+            assert not paths[b, j, len(labels):].any()
+    eager = poptorch.ctc_beam_search_decoder(probs, lengths, 0, 50, 2)
+    for actual, expected in zip(eager, (scores, path_lengths, paths)):
+        assert_allclose(actual=actual, expected=expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(poptorch.Error, match="top_paths <= beam_width"):
+        poptorch.ctc_beam_search_decoder(probs, lengths, 0, 1, 2)
+
+
+def test_fps_and_nearest_are_refused_by_name():
+    with pytest.raises(poptorch.Error, match="fps"):
+        poptorch.fps(torch.zeros(4, 3), torch.tensor([0, 4]))
+    with pytest.raises(poptorch.Error, match="nearest"):
+        poptorch.nearest(torch.zeros(4, 3), torch.zeros(2, 3))
+
+
+# --- NameScope / Attribute / MultiConv ----------------------------------------------------------
+
+
+class ScopedConvs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Conv2d(2, 3, 3, padding=1)
+        self.b = torch.nn.Conv2d(2, 3, 1)
+
+    def forward(self, x):
+        with poptorch.NameScope("outer"), poptorch.NameScope("inner"):
+            y = torch.relu(x)
+        with poptorch.Attribute(__outline={"layer": "convs"}):
+            with poptorch.MultiConv().availableMemoryProportions([0.2, 0.5]).partialsTypes(
+                    torch.half).planType(poptorch.MultiConvPlanType.Serial):
+                p = self.a(y)
+                q = self.b(y)
+        return p + q
+
+
+def test_scopes_name_and_annotate_nodes_and_keep_numbers():
+    model = ScopedConvs().eval()
+    x = torch.randn(1, 2, 5, 5)
+    wrapper = poptorch.inferenceModel(model)
+    assert_allclose(actual=wrapper(x), expected=model(x))
+    nodes = _nodes(wrapper)
+    relu = next(n for n in nodes if n.op_type == "Relu")
+    assert relu.name.startswith("outer/inner/")
+    convs = [n for n in nodes if n.op_type == "Conv"]
+    assert [_attrs(c)["__available_memory"].f for c in convs] == pytest.approx([0.2, 0.5])
+    assert all(_attrs(c)["__partials_type"].s == b"half" for c in convs)
+    assert all(_attrs(c)["__multiconv_plan_type"].s == b"serial" for c in convs)
+    assert all(list(_attrs(c)["__outline"].strings) == [b"layer", b"convs"] for c in convs)
+    assert "__outline" not in _attrs(relu)
+
+
+def test_scope_argument_errors():
+    with pytest.raises(ValueError, match="NameScope"):
+        poptorch.NameScope("a/b")
+    with pytest.raises(ValueError, match="planType"):
+        poptorch.MultiConv().planType("parallel")
+    with pytest.raises(ValueError, match="availableMemoryProportions"):
+        poptorch.MultiConv().availableMemoryProportions(1.5)
+    with pytest.raises(ValueError, match="Attribute"):
+        poptorch.Attribute()
+
+
+# --- CPU host callbacks and ipu_print_tensor ----------------------------------------------------
+
+
+def test_cpu_op_runs_on_the_host_mid_graph():
+    calls = []
+
+    def host(a, b):
+        calls.append(a.shape)
+        return torch.from_numpy(np.sort(a.numpy(), axis=1)) + b, a.sum(1)
+
+    callback = poptorch.CPU(host, "SortOnHost")
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            sorted_plus, total = callback(self.lin(x), x)
+            return torch.relu(sorted_plus) * 2, total
+
+    model = Model().eval()
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        expected = model(x)
+    calls.clear()
+    wrapper = poptorch.inferenceModel(model)
+    assert_allclose(actual=wrapper(x), expected=expected)
+    assert any(n.domain == "poptorch_lite.cpu" for n in _nodes(wrapper))
+    before = len(calls)
+    wrapper(x)
+    assert len(calls) == before + 1  # the host function ran during the device run
+    with pytest.raises(poptorch.Error, match="callable"):
+        poptorch.CPU(3, "x")
+
+
+def test_ipu_print_tensor_prints_value_and_gradient(capsys):
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+
+        def forward(self, x):
+            y = poptorch.ipu_print_tensor(self.w * x, "wx")
+            return y, poptorch.identity_loss(y.sum(), "sum")
+
+    model = Model()
+    wrapper = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0))
+    capsys.readouterr()
+    wrapper(torch.tensor([[3.0, 4.0]]))
+    out = capsys.readouterr().out
+    assert "wx: [[3.0, 8.0]]" in out
+    assert "Gradient___wx: [[1.0, 1.0]]" in out
+    with pytest.raises(ValueError, match="float_format"):
+        poptorch.ipu_print_tensor(torch.ones(1), float_format="hex")
