@@ -24,10 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import poptorch_lite as poptorch  # noqa: E402
-from bench_frontend import CONFIGS, WithLoss, _inputs  # noqa: E402
-from poptorch_lite.executor.executable import cache_stats  # noqa: E402
-from tests.models import zoo  # noqa: E402
+from bench_frontend import CONFIGS, WithLoss, _inputs
+
+import poptorch_lite as poptorch
+from poptorch_lite.executor.executable import cache_stats
+from tests.models import zoo
 
 
 def child(name: str, cache: str, inference: bool) -> None:

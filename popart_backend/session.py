@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import logging
+import threading
 
 import numpy as np
 
@@ -65,12 +67,20 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
     ``_passes()`` and ``_check_mode_options()``. Anchors are checked on the imported graph, or,
     for training (whose anchors may name gradients and other tensors the passes create), after
     the passes.
+
+    Thread safety: a session may be shared by threads. Each session has one (re-entrant) lock,
+    held by every method that reads or changes the device or the host weights (``run``,
+    ``prepareDevice``, ``weightsFromHost``/``weightsToHost``, ``readWeights``/``writeWeights``,
+    ``modelToHost``, ``updateOptimizerFromHost``, ``setRandomSeed``, ``setRNGState`` ... see
+    ``_LOCKED_METHODS``): a call made while another thread is inside one of them waits for it
+    to finish, so concurrent runs execute one after the other, as sequential calls would.
     """
 
     _training = False
 
     def __init__(self, fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns,  # noqa: N803
                  userOptions, name: str):
+        self._lock = threading.RLock()
         if not isinstance(dataFlow, DataFlow):
             raise popart_exception(
                 f"{type(self).__name__}: dataFlow must be a DataFlow, not "
@@ -126,6 +136,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
                 input_shape_info=inputShapeInfo.to_ir(),
                 constant_weights=self._constant_weights(),
                 strict_op_versions=userOptions.strictOpVersions,
+                fold_multiple_consumers=userOptions.enableConstantFoldingOfMultipleConsumers,
             )
             self._ir.patterns = patterns  # read by the passes (transforms/apply_patterns.py)
             self._dots.write(self._ir, DotCheck.Fwd0)
@@ -595,3 +606,32 @@ class TrainingSession(SessionBase):
         if changed and self._device is not None and self._engine_loaded and not self._offline():
             self._device.write_weights(changed)
         self._optimizer = optimizer
+
+
+# The methods that hold the session's lock (SessionBase's docstring): those that read or change
+# the device, the host weights or the RNG, including the ones the mixins define.
+_LOCKED_METHODS = (
+    "prepareDevice", "loadEngineAndConnectStreams", "run", "setRandomSeed", "getRNGState",
+    "setRNGState", "getSummaryReport", "getReport", "getCycleCount", "weightsFromHost",
+    "weightsToHost", "readWeights", "writeWeights", "resetHostWeights", "modelToHost",
+    "updateOptimizerFromHost", "copyDeviceWeightsToHost", "saveVariables", "broadcastWeights",
+    "setEngineIsLoaded", "compileAndExport", "saveExecutable", "loadExecutable",
+    "updateEngineCache",
+)
+
+
+def _locked(method):
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return call
+
+
+for _cls in (SessionBase, InferenceSession, TrainingSession):
+    for _name in _LOCKED_METHODS:
+        # SessionBase: its own and its mixins' methods; a subclass: only those it overrides.
+        _method = getattr(_cls, _name, None) if _cls is SessionBase else _cls.__dict__.get(_name)
+        if _method is not None:
+            setattr(_cls, _name, _locked(_method))

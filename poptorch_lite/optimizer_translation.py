@@ -97,14 +97,17 @@ class Translation:
 
 
 def translate(optimizer, model: torch.nn.Module, weights: dict[str, str],
-              running_stats: set[str], compiled: Translation | None = None) -> Translation:
+              running_stats: set[str], compiled: Translation | None = None,
+              variable_loss_scaling: bool = False) -> Translation:
     """The backend optimizer for ``optimizer`` over the compiled weights.
 
     ``weights``: backend weight id -> FQN for every device weight (parameters and buffers);
     ``running_stats``: FQNs the backend updates itself (BatchNorm statistics, never trained);
     ``compiled``: the translation the session was built with (``setOptimizer``), whose
     constness a torch optimizer keeps (a changed constant is then reported by
-    ``check_replacement``).
+    ``check_replacement``). ``variable_loss_scaling`` (automatic loss scaling, which updates
+    the scale on the device) makes the loss scaling variable; a ``compiled`` translation with a
+    variable loss scaling keeps it so.
     """
     kind = _kind(optimizer)
     groups = optimizer.param_groups
@@ -174,6 +177,8 @@ def translate(optimizer, model: torch.nn.Module, weights: dict[str, str],
     loss_scaling = float(getattr(optimizer, "loss_scaling", 1.0))
     variable_ls = hasattr(optimizer, "variable_attrs") and not (
         optimizer.variable_attrs.isConstant("loss_scaling"))
+    variable_ls = variable_ls or variable_loss_scaling or (
+        compiled is not None and not compiled.backend.loss_scaling_is_const())
     defaults["lossScaling"] = (loss_scaling, not variable_ls)
     clip = []
     max_norm = float(getattr(optimizer, "max_grad_norm", math.inf))

@@ -52,6 +52,7 @@ from .op_cost import (
     op_cycles,
 )
 from .option_model import OptionModel
+from .planner import planner_plan
 from .pipeline_cost import (
     PipelineCycles,
     PipelineInfo,
@@ -76,6 +77,9 @@ class CycleResult:
     host_anchor_cycles: int = 0  # per step (streams not overlapped)
     overlap: OverlapIO | None = None  # streams on IO tiles, when there are any
     pipeline: PipelineCycles | None = None  # the cycle table of a pipelined program
+    # accumulateOuterFragmentSettings with an Overlap schedule: the IPUs whose outer-fragment
+    # ops run in parallel with each other (empty: serial, the default).
+    outer_overlap_ipus: frozenset[int] = frozenset()
 
     def fragment_cycles(self, context: ExecutionContext) -> int:
         """Cycles of one execution of a fragment (ops, IPU-Link copies, remote loads/stores),
@@ -92,8 +96,18 @@ class CycleResult:
 
     @property
     def outer_cycles(self) -> int:
-        """One run of the accumulate outer fragment (the weight update)."""
-        return self.fragment_cycles(ExecutionContext.AccumulateOuterFragment)
+        """One run of the accumulate outer fragment (the weight update). With an Overlap
+        schedule the ops of the IPUs in ``outer_overlap_ipus`` run in parallel (the slowest
+        IPU counts); the other IPUs' ops, the copies and remote transfers stay serial."""
+        outer = ExecutionContext.AccumulateOuterFragment
+        serial = self.fragment_cycles(outer)
+        if len(self.outer_overlap_ipus) < 2:
+            return serial
+        per_ipu: dict[int, int] = {}
+        for o in self.ops:
+            if o.context is outer and o.ipu in self.outer_overlap_ipus:
+                per_ipu[o.ipu] = per_ipu.get(o.ipu, 0) + o.cycles
+        return serial - sum(per_ipu.values()) + max(per_ipu.values(), default=0)
 
     @property
     def step_cycles(self) -> int:
@@ -207,7 +221,7 @@ def compute_cycles(graph: Graph, order: Sequence[Op], spec: IpuSpec,
     batch = batch or BatchInfo()
     if replicas is None:
         replicas = batch.replication_factor
-    result = CycleResult(spec, batch)
+    result = CycleResult(spec, batch, outer_overlap_ipus=effects.outer_overlap_ipus)
     compute_spec = _with_tiles(spec, spec.num_tiles - (io.num_io_tiles if io else 0))
     copied: set[tuple[str, int]] = set()
     for position, op in enumerate(order):
@@ -225,7 +239,7 @@ def compute_cycles(graph: Graph, order: Sequence[Op], spec: IpuSpec,
                     _normal_stage(t.producer),
                 ))
         result.ops.append(op_cycles(op, compute_spec, position, replicas))
-    _apply_option_effects(result.ops, order, effects, spec)
+    _apply_option_effects(result.ops, order, effects, spec, compute_spec.num_tiles)
     result.remote = _remote_transfers(graph, order, spec, set(off_chip))
     if io is None:
         io = HostIO(streams=(
@@ -255,14 +269,20 @@ def compute_cycles(graph: Graph, order: Sequence[Op], spec: IpuSpec,
 
 
 def _apply_option_effects(ops: list[OpCycles], order: Sequence[Op], effects: OptionModel,
-                          spec: IpuSpec) -> None:
-    """A batch-serialised op pays one sync per slice; of the collectives of a merged kind in
+                          spec: IpuSpec, compute_tiles: int | None = None) -> None:
+    """A batch-serialised op pays one sync per slice, an op with a constrained plan one per
+    planner pass (device/planner.py); of the collectives of a merged kind in
     one fragment on one IPU only the first pays the IPU sync (device/option_model.py)."""
     merged_seen: set[tuple[str, ExecutionContext, int]] = set()
     for i, (op, oc) in enumerate(zip(order, ops)):
         syncs = effects.op_syncs(op)
+        plan = planner_plan(op, spec, compute_tiles, effects.serialized_matmuls)
+        if plan is not None:  # one superstep per planner pass (device/planner.py)
+            syncs *= plan.passes
         if syncs > 1:
             oc = replace(oc, sync_cycles=oc.sync_cycles * syncs)
+        if effects.merged_updates and effects.merged_follower(op):  # mergeVarUpdate
+            oc = replace(oc, sync_cycles=0)
         if op.op_type in effects.merged_collectives and oc.collective_cycles:
             key = (op.op_type, oc.context, oc.ipu)
             if key in merged_seen:

@@ -34,6 +34,9 @@ so the liveness walk uses ``recompute_late_order``: the schedule with every clon
 as it can go, just before its first reader. The executed schedule is not changed; this is the
 order a memory-aware scheduler would pick, and it never moves a non-clone op.
 
+Planner temporaries (device/planner.py): a matmul or convolution with a per-op available
+memory proportion or serialisation holds its partials buffer at its own position only.
+
 Tile mapping: each tensor is mapped linearly over its tile set in pieces of
 ``ceil(bytes / tiles)`` rounded up to ``tile_grain_bytes`` (the last piece takes the rest),
 starting where the previous tensor of that IPU ended, so small tensors spread round the chip
@@ -55,12 +58,14 @@ from ..errors import OutOfMemoryException, popart_internal_exception
 from ..ir.graph import Graph
 from ..ir.op import ExecutionContext, Op, RecomputeType
 from ..ir.tensor import Tensor, TensorKind, TensorRole
-from .option_model import OptionModel, early_var_update_order
+from .option_model import OptionModel, early_op_order, early_var_update_order
+from .planner import planner_plan
+from .var_update_merge import group_bytes
 from .spec import IpuSpec
 
 __all__ = [
-    "CATEGORIES", "IO_BUFFERS", "REMOTE_BUFFERS", "IoBuffer", "IpuMemory", "MemoryResult",
-    "TensorMemory", "check_fits", "compute_memory", "format_bytes", "memory_summary",
+    "CATEGORIES", "IO_BUFFERS", "PLANNER_TEMPORARIES", "REMOTE_BUFFERS", "IoBuffer",
+    "IpuMemory", "MemoryResult", "TensorMemory", "check_fits", "compute_memory", "format_bytes", "memory_summary",
     "recompute_late_order", "storage_roots",
 ]
 
@@ -75,11 +80,13 @@ _ROLE_CATEGORY = {
 }
 IO_BUFFERS = "IO tile buffers"
 REMOTE_BUFFERS = "remote buffers"
+PLANNER_TEMPORARIES = "planner temporaries"  # device/planner.py, live at their op only
 # Report order. "activations" and "remote buffers" are what is live at the peak over the
 # schedule; the others are always live.
 CATEGORIES = (*_ROLE_CATEGORY.values(), "constants", "streams", IO_BUFFERS, "activations",
-              REMOTE_BUFFERS, "code")
-_ALWAYS_LIVE = frozenset(CATEGORIES) - {"activations", REMOTE_BUFFERS, "code"}
+              REMOTE_BUFFERS, PLANNER_TEMPORARIES, "code")
+_ALWAYS_LIVE = frozenset(CATEGORIES) - {"activations", REMOTE_BUFFERS, PLANNER_TEMPORARIES,
+                                        "code"}
 _COMPUTE, _IO = "compute", "io"
 
 
@@ -249,6 +256,7 @@ def compute_memory(graph: Graph, order: Sequence[Op], spec: IpuSpec,
     on_io = set(io_tile_buffers)
     if effects.early_var_updates:  # delayVarUpdates = False
         order = early_var_update_order(graph, order)
+    order = early_op_order(graph, order)  # decomposeGradSum's Adds (transforms/)
     order = recompute_late_order(order)
     position = {op.id: i for i, op in enumerate(order)}
     last = len(order) - 1
@@ -326,6 +334,20 @@ def compute_memory(graph: Graph, order: Sequence[Op], spec: IpuSpec,
                            stream.num_bytes * stream.depth,
                            f"{stream.depth} x {stream.info}", _IO))
 
+    for op in order:  # per-op planning settings (device/planner.py)
+        plan = planner_plan(op, spec, spec.num_tiles - num_io_tiles, effects.serialized_matmuls)
+        if plan is not None and plan.temporary_bytes:
+            pos = position[op.id]
+            items.append(_Span(f"{op.settings.name or op.id}:planner", _ipu(op), pos, pos,
+                               PLANNER_TEMPORARIES, plan.temporary_bytes,
+                               f"u8[{plan.temporary_bytes}]"))
+    for k, group in enumerate(effects.merged_updates):  # mergeVarUpdate's gradient buffer
+        spots = [position[i] for i in group if i in position]
+        if not spots:
+            continue
+        num_bytes = group_bytes(graph, group)
+        items.append(_Span(f"MergedVarUpdate/{k}", _ipu(graph.ops[group[0]]), min(spots),
+                           max(spots), "activations", num_bytes, f"u8[{num_bytes}]"))
     count = max([num_ipus, *(s.ipu + 1 for s in items), *(i + 1 for i in streaming)])
     result = MemoryResult(spec)
     for ipu in range(count):

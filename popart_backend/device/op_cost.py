@@ -6,9 +6,11 @@ BSP superstep on its IPU (``OpSettings.ipu``; None is IPU 0):
     cycles   = compute + exchange + sync latency
 
 with FLOPs and bytes from ``Op.cost()``. ``rate`` is the AMP peak for the op's dtype times
-``amp_efficiency`` for ops with ``uses_amp`` (MatMul, Gemm, Conv, ...), else the vector units'
-rate; both, and the SRAM bandwidth, are scaled by the share of tiles the op has work on (the
-tiles of its largest operand under the linear mapping of device/memory.py). Exchanged bytes:
+``amp_efficiency`` for ops with ``uses_amp`` (MatMul, Gemm, Conv, the fused LinearBias and
+ConvBiasAct ...), else the vector units' rate; the ``epilogue_flops()`` of an AMP op (a fused
+bias add, residual add or activation) run at the vector rate, after the product. Both rates,
+and the SRAM bandwidth, are scaled by the share of tiles the op has work on (the tiles of its
+largest operand under the linear mapping of device/memory.py). Exchanged bytes:
 the computed (non-variable, non-constant) inputs of an AMP op, which are broadcast to the tiles
 computing partial products, and of other ops each computed input whose size differs from the
 output's (elementwise ops read inputs mapped like their output). Variables and constants are
@@ -104,9 +106,15 @@ def op_cycles(op: Op, spec: IpuSpec, position: int = 0, replicas: int = 1) -> Op
     share = tiles / spec.num_tiles
     info = outs[0] if outs else (ins[0] if ins else None)
     dtype = info.dtype.short if info is not None else "f32"
-    rate = (spec.peak_flops(dtype) * spec.amp_efficiency if op.uses_amp
-            else spec.vector_flops(dtype)) * share
-    compute_s = max(flops / rate, moved / (spec.sram_bytes_per_s * share))
+    vector_rate = spec.vector_flops(dtype) * share
+    if op.uses_amp:
+        # A fused matmul/conv: its product on the AMP, its epilogue on the vector units.
+        epilogue = op.epilogue_flops()
+        flop_s = ((flops - epilogue) / (spec.peak_flops(dtype) * spec.amp_efficiency * share)
+                  + epilogue / vector_rate)
+    else:
+        flop_s = flops / vector_rate
+    compute_s = max(flop_s, moved / (spec.sram_bytes_per_s * share))
     out_bytes = outs[0].num_bytes if outs else 0
     exchange = sum(t.info.num_bytes for t in op.inputs
                    if t is not None and t.kind not in _LAID_OUT

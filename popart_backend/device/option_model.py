@@ -21,6 +21,14 @@ once from SessionOptions by ``option_model`` for device/memory.py and device/cos
   which runs them after every other ready op). Like the recompute clones of device/memory.py
   this is the order the liveness walk uses, so a weight's gradient dies at its update and the
   peak can drop; the executed schedule, and so every value, is unchanged.
+- ``mergeVarUpdate`` (with ``mergeVarUpdateMemThreshold``, ``looseThresholdAtPeak``): groups
+  of weight updates run as one op (device/var_update_merge.py): one sync per group, and a
+  concatenated gradient buffer in memory.
+- ``accumulateOuterFragmentSettings.schedule`` OverlapCycleOptimized / OverlapMemoryOptimized:
+  the outer-fragment ops of the IPUs not in ``excludedVirtualGraphs`` run in parallel, so the
+  weight update takes the slowest IPU's cycles instead of their sum (device/cost.py).
+- ``enableSerializedMatmuls`` = False: the per-op matmul serialisations
+  (``OpSettings.serialize_matmul``) are not planned; device/planner.py sees plain matmuls.
 - ``replicatedCollectivesSettings.merge*Collectives``: the collectives of that kind in one
   fragment on one IPU run as one merged collective: the bytes are the same, but only the first
   pays the IPU sync.
@@ -28,6 +36,7 @@ once from SessionOptions by ``option_model`` for device/memory.py and device/cos
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -36,9 +45,20 @@ from ..ir.ir import Ir
 from ..ir.op import ExecutionContext, Op
 from ..ir.graph import Graph
 from ..ir.tensor import TensorKind, TensorRole
-from ..options.enums import BatchSerializationTransformContext
+from ..options.enums import AccumulateOuterFragmentSchedule, BatchSerializationTransformContext
+from .var_update_merge import merge_groups
 
-__all__ = ["OptionModel", "early_var_update_order", "option_model"]
+__all__ = ["OptionModel", "early_op_order", "early_var_update_order", "option_model"]
+
+_log = logging.getLogger("popart:session")
+_logged: set[str] = set()
+
+
+def log_once(key: str, message: str) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        _log.warning(message)
+
 
 _MERGED = {
     "mergeAllReduceCollectives": "ReplicatedAllReduce",
@@ -57,6 +77,16 @@ class OptionModel:
     group_host_sync: bool = False
     merged_collectives: frozenset[str] = frozenset()  # op types merged per fragment
     early_var_updates: bool = False  # delayVarUpdates = False
+    # enableSerializedMatmuls: the matmuls' per-op serialisation is planned (device/planner.py).
+    serialized_matmuls: bool = True
+    # mergeVarUpdate: groups of weight updates run as one (device/var_update_merge.py).
+    merged_updates: tuple[tuple[int, ...], ...] = ()
+    # accumulateOuterFragmentSettings: IPUs whose outer-fragment ops overlap (device/cost.py).
+    outer_overlap_ipus: frozenset[int] = frozenset()
+
+    def merged_follower(self, op: Op) -> bool:
+        """An update merged into an earlier one of its group: it pays no sync of its own."""
+        return any(op.id in group[1:] for group in self.merged_updates)
 
     def stream_bytes(self, tensor_id: str, num_bytes: int) -> int:
         return num_bytes * self.stream_depth.get(tensor_id, 1)
@@ -92,7 +122,35 @@ def option_model(ir: Ir, order: Sequence[Op], options, keep: Iterable[str] = ())
         group_host_sync=options.groupHostSync,
         merged_collectives=merged,
         early_var_updates=not options.delayVarUpdates,
+        serialized_matmuls=bool(options.enableSerializedMatmuls),
+        merged_updates=tuple(merge_groups(graph, order, options)),
+        outer_overlap_ipus=_outer_overlap(order, options),
     )
+
+
+_OVERLAP = (AccumulateOuterFragmentSchedule.OverlapCycleOptimized,
+            AccumulateOuterFragmentSchedule.OverlapMemoryOptimized)
+
+
+def _outer_overlap(order: Sequence[Op], options) -> frozenset[int]:
+    """The IPUs whose accumulate-outer-fragment ops overlap: with an Overlap schedule, every
+    IPU with such ops except ``excludedVirtualGraphs``."""
+    settings = options.accumulateOuterFragmentSettings
+    if settings.schedule is AccumulateOuterFragmentSchedule.Scheduler:
+        log_once("outer-scheduler", "SessionOptions.accumulateOuterFragmentSettings.schedule = "
+                 "Scheduler has no effect in the simulator: its scheduler runs the weight "
+                 "updates serially, as Serial does.")
+    if settings.schedule not in _OVERLAP:
+        return frozenset()
+    if settings.schedule is AccumulateOuterFragmentSchedule.OverlapMemoryOptimized:
+        log_once("outer-memory", "SessionOptions.accumulateOuterFragmentSettings.schedule = "
+                 "OverlapMemoryOptimized: the IPUs' weight updates overlap as with "
+                 "OverlapCycleOptimized; its memory-saving order of remote loads has no effect "
+                 "in the simulator's memory model.")
+    excluded = set(settings.excludedVirtualGraphs)
+    return frozenset(op.settings.ipu or 0 for op in order
+                     if op.settings.execution_context is ExecutionContext.AccumulateOuterFragment
+                     and (op.settings.ipu or 0) not in excluded)
 
 
 def _updates_weight(op: Op) -> bool:
@@ -127,6 +185,22 @@ def early_var_update_order(graph: Graph, order: Sequence[Op]) -> list[Op]:
         for i in op.modifies_inputs:
             if i < len(op.inputs) and op.inputs[i] is not None:
                 deps |= {r.id for r in op.inputs[i].consumers if r is not op}
+        deps |= set(graph.constraints.get(op.id, ()))
+        last = max((k for k, other in enumerate(out) if other.id in deps), default=-1)
+        out.insert(last + 1, op)
+    return out
+
+
+def early_op_order(graph: Graph, order: Sequence[Op]) -> list[Op]:
+    """``order`` with each op marked ``early_in_liveness`` moved to just after the last op it
+    depends on (its inputs' producers and its scheduling constraints), in order, so a valid
+    schedule stays valid. The liveness walk's order, as ``early_var_update_order``."""
+    ops = list(order)
+    if not any(op.settings.early_in_liveness for op in ops):
+        return ops
+    out = [op for op in ops if not op.settings.early_in_liveness]
+    for op in (op for op in ops if op.settings.early_in_liveness):
+        deps = {t.producer.id for t in op.inputs if t is not None and t.producer is not None}
         deps |= set(graph.constraints.get(op.id, ()))
         last = max((k for k, other in enumerate(out) if other.id in deps), default=-1)
         out.insert(last + 1, op)

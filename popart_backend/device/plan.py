@@ -139,6 +139,7 @@ class ExecutionPlan:
             (self.copy_steps if between else self.stage_steps)[op.settings.pipeline_stage].append(
                 step)
         self.values = values
+        self._kept = {self.slot[t] for t in keep}
         self.replica_values: list[list[torch.Tensor | None]] = [values]
         self._segments: dict[int, list[tuple[list[tuple], tuple | None]]] = {}
 
@@ -152,6 +153,22 @@ class ExecutionPlan:
             for s in variable_slots:
                 values[s] = values[s].clone()
             self.replica_values.append(values)
+
+    def written_state_slots(self, extra: Iterable[str] = ()) -> list[int]:
+        """The slots of device state a run can change: variables an op writes in place
+        (``modifies_inputs``, a contract opxModifyChecking verifies) or outputs, kept op outputs
+        (stashes, ``keep``) and the tensors ``extra`` (e.g. the random seed, which the run loop
+        writes itself). Everything else a run writes is freed or rebound every micro-batch."""
+        variables = {self.slot[t] for t in self.variable_ids}
+        written = {self.slot[t] for t in extra if t in self.slot}
+        for _fn, ins, outs, single, _frees, op in self.steps:
+            for i in op.modifies_inputs:
+                if i < len(ins) and ins[i] in variables:
+                    written.add(ins[i])
+            for s in (outs,) if single else outs:
+                if s in variables or s in self._kept:
+                    written.add(s)
+        return sorted(written)
 
     def segments(self, steps: list[tuple]) -> list[tuple[list[tuple], tuple | None]]:
         """``steps`` split after each collective step: [(plain steps, collective or None)]."""
@@ -253,6 +270,28 @@ class ExecutionPlan:
             raise popart_runtime_error(
                 f"{op.debug_name}: kernel failed on inputs {shapes}: {type(exc).__name__}: {exc}"
             ) from exc
+
+
+class DeviceMode:
+    """``torch.inference_mode(False)`` + ``torch.no_grad()`` for a run loop, at a fraction of
+    their cost (a step of a small model pays for them once per call): grad mode is switched
+    directly, inference mode only entered when the caller is in it."""
+
+    __slots__ = ("_grad", "_inference")
+
+    def __enter__(self):
+        self._inference = None
+        if torch.is_inference_mode_enabled():
+            self._inference = torch.inference_mode(False)
+            self._inference.__enter__()
+        self._grad = torch.is_grad_enabled()
+        torch.set_grad_enabled(False)
+        return self
+
+    def __exit__(self, *exc):
+        torch.set_grad_enabled(self._grad)
+        if self._inference is not None:
+            self._inference.__exit__(*exc)
 
 
 # Subgraph ops (If, Loop, Call, Scan ...) run each body as a plan of its own.
@@ -371,3 +410,43 @@ def alias_checked(op: Op, kernel):
         return result
 
     return run
+
+
+class StateSnapshot:
+    """Device state of some slots on every local replica, saved before a run and put back
+    when the run fails, so a failed ``run()`` changes nothing (docs/security.md).
+
+    ``save()`` copies the slots' tensors into buffers allocated on the first save (again only
+    when a slot's tensor changes shape or dtype, e.g. after a weight write), with one
+    ``torch._foreach_copy_``: no allocation per run in steady state. ``restore()`` rebinds the
+    slots to the tensors they held and copies the saved values back into them."""
+
+    __slots__ = ("_plan", "_slots", "_live", "_buffers", "_refs")
+
+    def __init__(self, plan: ExecutionPlan, slots: list[int]):
+        self._plan, self._slots = plan, slots
+        self._live: list[torch.Tensor] = []
+        self._buffers: list[torch.Tensor] = []
+        self._refs: list[list] = []
+
+    def save(self) -> None:
+        slots = self._slots
+        refs = [[values[s] for s in slots] for values in self._plan.replica_values]
+        live = [v for replica in refs for v in replica
+                if isinstance(v, torch.Tensor) and v.numel()]
+        buffers = self._buffers
+        if len(buffers) != len(live) or any(
+                b.shape != v.shape or b.dtype != v.dtype for b, v in zip(buffers, live)):
+            with torch.inference_mode(False):
+                buffers = self._buffers = [torch.empty_like(v) for v in live]
+        if live:
+            torch._foreach_copy_(buffers, live)
+        self._refs, self._live = refs, live
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for values, refs in zip(self._plan.replica_values, self._refs):
+                for s, value in zip(self._slots, refs):
+                    values[s] = value
+            if self._live:
+                torch._foreach_copy_(self._live, self._buffers)

@@ -38,7 +38,7 @@ from ..dtypes import DataType, to_host, to_storage
 from ..errors import StepIOError, popart_exception, popart_internal_exception
 from .distributed import LocalReplicas, ReplicaComm
 from .lower import AnchorStream, InputStream, Program
-from .plan import ExecutionPlan, to_torch
+from .plan import DeviceMode, ExecutionPlan, StateSnapshot, to_torch
 
 _log = logging.getLogger("popart:devicex")
 
@@ -101,6 +101,8 @@ class SimulatedDevice:
         self._replica_seeds = [seed] * rf
         self._counter_offsets = [0] * rf
         self.set_seed(seed)
+        self._state = StateSnapshot(self.plan, self.plan.written_state_slots(
+            [program.random_seed_id] if program.random_seed_id else ()))
         self._execute = self._execute_replicas  # run() swaps in a counting one for bars
 
     # --- compile-time tables ------------------------------------------------------------------
@@ -217,7 +219,22 @@ class SimulatedDevice:
     # --- running ------------------------------------------------------------------------------
 
     def run(self, stepio) -> None:
-        """Execute bps × af × rf micro-batches, reading and writing ``stepio``."""
+        """Execute bps × af × rf micro-batches, reading and writing ``stepio``. All or nothing:
+        when it raises, the device state it can write (``StateSnapshot``), the RNG state and
+        the step IO offsets are as before the call (the anchors may be partly written)."""
+        self._state.save()
+        counter = self._micro_batch_counter
+        generator = self._generator.get_state() if self.synthetic.startswith("random") else None
+        try:
+            self._run(stepio)
+        except BaseException:
+            self._state.restore()
+            self._micro_batch_counter = counter
+            if generator is not None:
+                self._generator.set_state(generator)
+            raise
+
+    def _run(self, stepio) -> None:
         if self.program.micro_batches_per_run < 2:
             # No bar is drawn for one micro-batch (min_total below): skip its setup, which
             # costs as much as a small model's kernel.
@@ -314,7 +331,7 @@ class SimulatedDevice:
         actions, seeds, counter_offsets = self._actions, self._seeds, self._counter_offsets
         execute = self._execute
         outer, window_end = self._outer_steps, self._window_end
-        with _DeviceMode():
+        with DeviceMode():
             for base in range(0, p.micro_batches_per_run, rf):
                 for group in groups:
                     for r in group:
@@ -418,28 +435,6 @@ class SimulatedDevice:
             array = stepio.output_callback(anchor.id)
             _callback_output(anchor, array).copy_(value)
             stepio.output_complete_callback(anchor.id)
-
-
-class _DeviceMode:
-    """``torch.inference_mode(False)`` + ``torch.no_grad()`` for a run loop, at a fraction of
-    their cost (a step of a small model pays for them once per call): grad mode is switched
-    directly, inference mode only entered when the caller is in it."""
-
-    __slots__ = ("_grad", "_inference")
-
-    def __enter__(self):
-        self._inference = None
-        if torch.is_inference_mode_enabled():
-            self._inference = torch.inference_mode(False)
-            self._inference.__enter__()
-        self._grad = torch.is_grad_enabled()
-        torch.set_grad_enabled(False)
-        return self
-
-    def __exit__(self, *exc):
-        torch.set_grad_enabled(self._grad)
-        if self._inference is not None:
-            self._inference.__exit__(*exc)
 
 
 # --- binding PyStepIO arrays ------------------------------------------------------------------

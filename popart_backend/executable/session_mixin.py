@@ -80,14 +80,14 @@ class ExecutableMixin:
 
     # --- executables --------------------------------------------------------------------------
 
-    def compileAndExport(self, filename) -> None:  # noqa: N802 - PopART's names
+    def compileAndExport(self, filename) -> None:
         """Compile (OutOfMemoryException if the model does not fit) and write the executable
         with its variables to ``filename``, without loading it on the device."""
         self.prepareDevice(loadEngine=False)
         self.saveExecutable(filename)
 
-    def saveExecutable(self, path, savePopartMetadata: bool = True,  # noqa: N802,N803
-                       saveVariables: bool = True) -> None:  # noqa: N803
+    def saveExecutable(self, path, savePopartMetadata: bool = True,
+                       saveVariables: bool = True) -> None:
         """Write the compiled executable to ``path`` (a folder gets ``executable.popart``).
         Needs ``prepareDevice()`` (or ``compileAndExport``)."""
         if not savePopartMetadata:
@@ -119,7 +119,7 @@ class ExecutableMixin:
             variables.update(self._device.read_weights(self._program.weights))
         return variables
 
-    def loadExecutable(self, filename) -> None:  # noqa: N802
+    def loadExecutable(self, filename) -> None:
         """Load an executable written by ``compileAndExport`` / ``saveExecutable`` of the same
         model, options and data flow: its variables and RNG state replace this session's. Call
         it before ``prepareDevice()``, then ``weightsFromHost()``."""
@@ -198,12 +198,14 @@ class ExecutableMixin:
                                  "and replacing it.", entry, exc)
             else:
                 engine_cache_stats["hits"] += 1
-                _log.info("Engine cache hit: '%s'", entry)
+                _log.info("Engine cache hit: '%s' (on the simulator the compile is the IR "
+                          "passes, which ran when the session was built; the hit is recorded, "
+                          "nothing else is loaded)", entry)
                 return
         engine_cache_stats["misses"] += 1
         self.updateEngineCache()
 
-    def updateEngineCache(self) -> None:  # noqa: N802 - PopART's name
+    def updateEngineCache(self) -> None:
         """Write (or replace) this session's engine cache entry; needs ``enableEngineCaching``
         (or ``POPART_CACHE_DIR``) and a compiled session."""
         entry = self._cache_file()

@@ -95,7 +95,7 @@ def _gradient_body(graph: Graph, independent: list[str], xs: list[str], y: str, 
             else:
                 body.add_tensor(t.id, t.info, TensorKind.STREAM)
                 captured.append(t.id)
-        clone = type(op)(op.attrs, op.settings, op.version)
+        clone = op.clone_with()
         body.add_op(clone, [t.id if t is not None else "" for t in op.inputs],
                     [t.id if t is not None else "" for t in op.outputs])
     body.inputs.extend(captured)

@@ -47,6 +47,8 @@ from ..ops.registry import (
     resolve,
 )
 from ..transforms.const_fold import try_fold
+from .annotations import check_supported, log_unread, planning_settings
+from .fold_policy import unfolded_outputs
 from .gradient_op import add_gradient, is_gradient_node
 from .graph_walk import captured_names, nodes_in_order
 from .sequences import StaticSequences
@@ -143,6 +145,9 @@ def split_annotations(node: onnx.NodeProto, base_dir: Path | None = None) -> tup
 
 
 def node_settings(node: onnx.NodeProto, annotations: dict) -> OpSettings:
+    """The OpSettings of ``node`` from its ``__`` annotations; the ones nothing reads are
+    logged once per name (importer/annotations.py)."""
+    log_unread(annotations)
     scope = node.name.rsplit("/", 1)[0] if "/" in node.name else ""
     recompute = annotations.get("__recompute_output_in_backward_pass")
     return OpSettings(
@@ -155,6 +160,7 @@ def node_settings(node: onnx.NodeProto, annotations: dict) -> OpSettings:
         schedule_priority=float(annotations.get("__schedule_priority", 0.0)),
         source=str(annotations.get("__source", "")),
         comm_group=_comm_group(annotations.get("__collectiveCommGroup")),
+        **planning_settings(annotations, _node_where(node)),
     )
 
 
@@ -203,8 +209,13 @@ def import_model(
     input_shape_info: dict[str, TensorInfo] | None = None,
     constant_weights: bool = False,
     strict_op_versions: bool = True,
+    fold_multiple_consumers: bool = True,
 ) -> Ir:
     """Build the forward Ir of ``model``.
+
+    ``fold_multiple_consumers`` False (SessionOptions.enableConstantFoldingOfMultipleConsumers):
+    constant expressions reading a tensor with several readers stay unfolded
+    (importer/fold_policy.py).
 
     Float initializers read as data become VARIABLE tensors (CONST when ``constant_weights``:
     inference sessions with SessionOptions.constantWeights); other initializers are CONST.
@@ -220,6 +231,8 @@ def import_model(
     shape_info = dict(input_shape_info or {})
 
     scope = _Scope(ir, graph, strict_op_versions, base_dir=loaded.base_dir)
+    if not fold_multiple_consumers:
+        scope.keep_unfolded = unfolded_outputs(proto.graph, opsets)
     ir.value_io = ValueIO()  # sequence / optional graph inputs and outputs (importer/sequences.py)
     initializer_names = set()
     weight_uses = _weight_uses(proto.graph, opsets)
@@ -313,6 +326,9 @@ def _add_node(ir: Ir, node: onnx.NodeProto, strict: bool, scope: "_Scope | None"
     values, annotations = split_annotations(node, scope.base_dir if scope is not None else None)
     attrs = make_attrs(cls, version, values, where)
     op = cls(attrs, node_settings(node, annotations), version)
+    reset = check_supported(op, where)
+    if reset:
+        op.settings = dataclasses.replace(op.settings, **reset)
     graph = scope.graph if scope is not None else ir.main
     for name in node.input:
         if name and scope is not None:
@@ -335,7 +351,8 @@ def _add_node(ir: Ir, node: onnx.NodeProto, strict: bool, scope: "_Scope | None"
         inputs += op.captured_ids()
     graph.add_op(op, inputs, list(node.output))
     _check_sizes(op, where)
-    try_fold(graph, op)
+    if scope is None or not node.output or node.output[0] not in scope.keep_unfolded:
+        try_fold(graph, op)
     return op
 
 
@@ -365,6 +382,8 @@ class _Scope:
         # The folder external data (of initializers and tensor attributes) is read from.
         self.base_dir = parent.base_dir if parent is not None else base_dir
         self.sequences = StaticSequences(graph, self)
+        # Node outputs whose constant expression stays unfolded (importer/fold_policy.py).
+        self.keep_unfolded: set[str] = set()
 
     def add(self, node: onnx.NodeProto) -> None:
         """Import one node: a sequence op, a constant If (inlined) or an op."""

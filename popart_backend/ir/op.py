@@ -57,6 +57,20 @@ class DebugChecks:
 
 
 @dataclass(frozen=True)
+class SerializeMatMul:
+    """A MatMul's serialisation (the builder's ``setSerializeMatMul``, poptorch's
+    ``serializedMatMul``): the product is computed in ``factor`` slices along ``mode``
+    ("input_channels", "reducing_dim" or "output_channels"); ``keep_precision`` keeps the
+    partial sums of the slices in float32. The values are those of the unsplit product; the
+    device model (device/planner.py) divides the planner temporaries by the factor and charges
+    one superstep per slice."""
+
+    mode: str
+    factor: int
+    keep_precision: bool = False
+
+
+@dataclass(frozen=True)
 class OpSettings:
     """Where an op runs, what it is called, and how the session's options ask it to compute.
     Frozen: change it with ``dataclasses.replace``. Ops a pass derives from an op (gradients,
@@ -81,6 +95,23 @@ class OpSettings:
     # partialsTypeMatMuls = "half" (HalfPartialMatMuls pass): an op that
     # ``supports_half_partials`` accumulates its float16 products in float16.
     half_partials: bool = False
+    # enableStochasticRounding (StochasticRounding pass): an op that
+    # ``supports_stochastic_rounding`` computes its float16 results in float32 and rounds them
+    # to float16 stochastically, drawing from its last input, the ``randomSeed___`` tensor.
+    stochastic_rounding: bool = False
+    # automaticLossScalingSettings (AutomaticLossScaling pass): an optimizer update reads a
+    # BOOL "gradients finite" flag as its last input (before a random seed) and skips the
+    # weight update when it is False.
+    skip_on_overflow: bool = False
+    # The builder's setAvailableMemoryProportion (``__available_memory``) on a matmul or
+    # convolution: the share of the IPU's memory its planner temporaries may take
+    # (device/planner.py); None when not set.
+    available_memory_proportion: float | None = None
+    # The builder's setSerializeMatMul (``__serialize_matmul_*``) on a MatMul; None when not set.
+    serialize_matmul: SerializeMatMul | None = None
+    # The memory model's liveness order runs the op right after its inputs are made (the Adds
+    # of a decomposed gradient sum, decomposeGradSum); the executed schedule is unchanged.
+    early_in_liveness: bool = False
     checks: DebugChecks = DebugChecks()
 
 
@@ -149,6 +180,9 @@ class Op:
     # True for the matrix products whose kernel can accumulate float16 products in float16
     # (OpSettings.half_partials; ops/matmul.py).
     supports_half_partials: ClassVar[bool] = False
+    # enableStochasticRounding may make its float16 results round stochastically
+    # (OpSettings.stochastic_rounding; ops/rounding.py).
+    supports_stochastic_rounding: ClassVar[bool] = False
     # True for the softmaxes whose kernel has the form without the maximum subtracted
     # (OpSettings.non_stable; ops/softmax.py).
     supports_non_stable: ClassVar[bool] = False
@@ -176,6 +210,20 @@ class Op:
         # Outputs the node asks for (ids, '' included), set by Graph.add_op before infer():
         # ops with a variable output count (Split) need it to infer their outputs.
         self.num_outputs: int | None = None
+
+    def clone_with(self, settings: OpSettings | None = None) -> "Op":
+        """A fresh, unattached op computing what this one computes, with ``settings`` (this
+        op's own when None). Passes that copy ops (recomputation, subgraph copies, training
+        forms) call it; an op class whose constructor takes more than (attrs, settings,
+        version) overrides it to hand its extra state on."""
+        return type(self)(self.attrs, settings if settings is not None else self.settings,
+                          self.version)
+
+    def epilogue_flops(self) -> int:
+        """The part of ``cost()``'s FLOPs that an AMP op (``uses_amp``) runs on the vector
+        units rather than the matrix units: the bias, residual add and activation a fused
+        matmul or convolution applies to its product (ops/fused.py). 0 by default."""
+        return 0
 
     @classmethod
     def attrs_type(cls, version: int) -> type:

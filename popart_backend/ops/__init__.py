@@ -61,3 +61,4 @@ from . import packed_data_block  # noqa: F401
 from . import ml_trees  # noqa: F401
 from . import detection  # noqa: F401
 from . import flex_attention  # noqa: F401
+from . import loss_scaling  # noqa: F401

@@ -359,7 +359,7 @@ def clone_graph(src: Graph, graph_id: str) -> Graph:
         for t in op.inputs:
             if t is not None and t.id not in dst.tensors:
                 dst.add_const(t.id, t.data)
-        clone = type(op)(op.attrs, op.settings, op.version)
+        clone = op.clone_with()
         dst.add_op(clone, [t.id if t is not None else "" for t in op.inputs],
                    [t.id if t is not None else "" for t in op.outputs])
     for tid in src.outputs:

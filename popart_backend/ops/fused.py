@@ -38,6 +38,12 @@ class FusedOp(Op):
         super().__init__(attrs, settings, version=1)
         self._expected_inputs = list(input_infos)
         self._out = out
+        self._fused_out = out  # as the pass gave it (subclasses may extend ``_out``)
+
+    def clone_with(self, settings=None):
+        # The constructor also takes the infos the pass fused for.
+        return type(self)(self.attrs, settings if settings is not None else self.settings,
+                          self._expected_inputs, self._fused_out)
 
     def infer(self, *inputs):
         if list(inputs) != self._expected_inputs:
@@ -61,7 +67,11 @@ class LinearBias(FusedOp):
 
     Replaces MatMul + Add (+ Relu), and Gemm + Relu (with ``transposed_weight`` when the Gemm
     had transB=1, i.e. W is [N, K]).
+
+    Cost: the product on the matrix units, then the bias add and ReLU on the vector units.
     """
+
+    uses_amp = True
 
     @dataclass(frozen=True)
     class Attrs:
@@ -82,7 +92,13 @@ class LinearBias(FusedOp):
 
     def cost(self) -> tuple[int, int]:
         _, moved = super().cost()
-        return 2 * self._out.nelms * self._expected_inputs[0].shape[-1], moved
+        product = 2 * self._out.nelms * self._expected_inputs[0].shape[-1]
+        return product + self.epilogue_flops(), moved
+
+    def epilogue_flops(self) -> int:
+        # One add per output element for the bias, one max for the ReLU.
+        bias = len(self._expected_inputs) > 2 and self._expected_inputs[2] is not None
+        return self._out.nelms * (int(bias) + int(self._relu))
 
     def grad(self, g):
         dy = g.output_grad(0)
@@ -101,7 +117,9 @@ class LinearBias(FusedOp):
 
 
 class _LinearGrad(Op):
-    """Shared by LinearBias's grads: dY [..., N] folded to rows [M, N] (a view when contiguous)."""
+    """Shared by LinearBias's grads: dY [..., N] folded to rows [M, N] (a view when contiguous).
+    The input and weight gradients are products (matrix units); the bias gradient is a row
+    sum (vector units)."""
 
     @dataclass(frozen=True)
     class Attrs:
@@ -114,6 +132,8 @@ class _LinearGrad(Op):
 @register_op("LinearBiasInputGrad", versions=(1,), domain=FUSED_DOMAIN)
 class LinearBiasInputGrad(_LinearGrad):
     """dX = dY @ W^T for W [K, N] (dY @ W for a transposed [N, K] weight): one mm."""
+
+    uses_amp = True
 
     def infer(self, dy, w):
         k = w.shape[1] if self.attrs.transposed_weight else w.shape[0]
@@ -133,6 +153,8 @@ class LinearBiasInputGrad(_LinearGrad):
 class LinearBiasWeightGrad(_LinearGrad):
     """dW = X^T @ dY as [K, N] (dY^T @ X as [N, K] for a transposed weight), the batch dims
     folded into the rows: one mm, written in the weight's own layout."""
+
+    uses_amp = True
 
     def infer(self, dy, x):
         k, n = x.shape[-1], dy.shape[-1]
@@ -160,20 +182,41 @@ class LinearBiasBiasGrad(_LinearGrad):
 
 @register_op("ConvBiasAct", versions=(1,), domain=FUSED_DOMAIN)
 class ConvBiasAct(FusedOp):
-    """Y = act(Conv(X, W, B) [+ R]): the residual add and ReLU run in place on the conv output."""
+    """Y = act(Conv(X, W, B) [+ R]): the residual add and ReLU run in place on the conv output.
+
+    Cost: the convolution's own (matrix units, with its bias), then the residual add and ReLU
+    on the vector units."""
+
+    uses_amp = True
 
     @dataclass(frozen=True)
     class Attrs:
         activation: str = "none"
         residual: int = 0
 
-    def __init__(self, attrs, settings, input_infos, out, conv: Op):
+    def __init__(self, attrs, settings, input_infos, out, conv: Op,
+                 conv_flops: int | None = None):
         _check_activation(attrs.activation)
         super().__init__(attrs, settings, input_infos, out)
         # The original Conv op keeps its resolved window (pads, strides, groups): its kernel is
         # the one definition of the convolution.
+        self._conv_op = conv
         self._conv = conv.kernel
         self._relu = attrs.activation == "relu"
+        # The convolution's FLOPs, read from it while it is still in the graph (the pass
+        # builds this op before removing the chain); clones are handed the figure.
+        self._conv_flops = conv.cost()[0] if conv_flops is None else conv_flops
+
+    def clone_with(self, settings=None):
+        return type(self)(self.attrs, settings if settings is not None else self.settings,
+                          self._expected_inputs, self._fused_out, self._conv_op,
+                          self._conv_flops)
+
+    def cost(self) -> tuple[int, int]:
+        return self._conv_flops + self.epilogue_flops(), super().cost()[1]
+
+    def epilogue_flops(self) -> int:
+        return self._out.nelms * (self.attrs.residual + int(self._relu))
 
     def kernel(self, x, w, b=None, residual=None):
         y = self._conv(x, w, b)

@@ -27,6 +27,7 @@ from ..ir.op import Op
 from ..ir.tensor import TensorInfo
 from .base import broadcast_shapes
 from .registry import AI_GRAPHCORE, register_op
+from .rounding import rounding_generator, stochastic_round
 
 # torch's CPU matmul has no unsigned 32/64-bit kernels. int64 arithmetic wraps modulo 2**64
 # exactly like the unsigned types do, so the product is computed there and cast back.
@@ -100,7 +101,11 @@ class MatMul(Op):
     # partialsTypeMatMuls = "half" may make it accumulate in float16 (_product).
     supports_half_partials = True
 
-    def infer(self, a, b):
+    # enableStochasticRounding: a float16 product is computed in float32 and rounded to
+    # float16 stochastically (the last input is then the random seed, ops/rounding.py).
+    supports_stochastic_rounding = True
+
+    def infer(self, a, b, seed=None):
         if a.dtype != b.dtype:
             raise ShapeError(f"{self.debug_name}: operand dtypes differ: lhs {a}, rhs {b}.")
         shape = matmul_shape(self, a, b)
@@ -109,9 +114,13 @@ class MatMul(Op):
         self._out_dtype = a.dtype.torch
         return TensorInfo(a.dtype, shape)
 
-    def kernel(self, a, b):
+    def kernel(self, a, b, seed=None):
         if self._widen is not None:
             return torch.matmul(a.to(self._widen), b.to(self._widen)).to(self._out_dtype)
+        if seed is not None and a.dtype == torch.float16 and not self.settings.half_partials:
+            # float32 partials, then one stochastic rounding of each result to float16.
+            exact = torch.matmul(a.float(), b.float())
+            return stochastic_round(exact, rounding_generator(self, seed))
         return _product(self, a, b)
 
     def grad(self, g):

@@ -339,7 +339,7 @@ class LayerNormalization(_Normalization):
         for i, name in ((1, "mean"), (2, "invstddev")):
             if outputs[i] is None:
                 outputs[i] = self.graph.unique_id(f"{base}/{name}")
-        new = type(self)(self.attrs, self.settings, self.version)
+        new = self.clone_with()
         return TrainingForm(new, [t.id if t is not None else "" for t in self.inputs], outputs)
 
     def infer(self, x, scale, b=None):

@@ -29,6 +29,7 @@ from ..errors import ShapeError, popart_exception
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
 from .registry import AI_GRAPHCORE, register_op
+from .rounding import rounding_generator, split_seed, stochastic_round
 
 
 class OptimizerUpdate(Op):
@@ -41,6 +42,9 @@ class OptimizerUpdate(Op):
     MODES: ClassVar[tuple[str, ...]] = ()
     # Updates have side effects: never evaluate them at compile time.
     foldable = False
+    # enableStochasticRounding: a float16 weight (and float16 state) is updated in float32 and
+    # rounded to float16 stochastically (kernel, ops/rounding.py).
+    supports_stochastic_rounding = True
 
     def __init__(self, attrs=None, settings=None, version=None):
         super().__init__(attrs, settings, version)
@@ -54,6 +58,10 @@ class OptimizerUpdate(Op):
         return 0
 
     def infer(self, weight, grad, *rest):
+        if self.settings.stochastic_rounding:
+            rest = rest[:-1]  # the random seed (ops/rounding.py)
+        if self.settings.skip_on_overflow:
+            rest = rest[:-1]  # the gradients-finite flag (automatic loss scaling)
         unknown = [d for d in self.attrs.dynamic if d not in self.HYPER]
         if unknown:
             raise popart_exception(
@@ -92,9 +100,25 @@ class OptimizerUpdate(Op):
         return weight
 
     def kernel(self, weight, grad, *rest):
+        rest, seed = split_seed(self, rest)
+        if self.settings.skip_on_overflow:
+            rest, finite = rest[:-1], rest[-1]
+            if not bool(finite):
+                return weight  # a gradient overflowed: no update (loss scaling lowers)
         g, h = self._scaled_gradient(grad, rest)
         n = len(self.STATE)
-        self.update(weight, g, h, *rest[:n], *rest[n + 1 + len(self.attrs.dynamic) :])
+        state, extra = list(rest[:n]), rest[n + 1 + len(self.attrs.dynamic) :]
+        if seed is None:
+            self.update(weight, g, h, *state, *extra)
+            return weight
+        # Stochastic rounding: the update in float32, the float16 results rounded at random.
+        halves = [t for t in (weight, *state) if t is not None and t.dtype == torch.float16]
+        wide = {id(t): t.float() for t in halves}
+        self.update(wide.get(id(weight), weight), g, h,
+                    *[wide.get(id(t), t) if t is not None else None for t in state], *extra)
+        generator = rounding_generator(self, seed)
+        for tensor in halves:
+            tensor.copy_(stochastic_round(wide[id(tensor)], generator))
         return weight
 
     def _scaled_gradient(self, grad, rest):

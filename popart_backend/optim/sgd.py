@@ -67,13 +67,12 @@ class SGD(Optimizer):
         if not values["velocityScaling"] > 0:
             raise popart_exception(
                 f"{name} {where}: velocityScaling must be > 0, got {values['velocityScaling']}.")
-        if values["nesterov"] not in (0.0, 1.0):
+        # PopART keeps nesterov as a number: any non-zero value switches it on. With momentum 0
+        # there is no velocity, and Nesterov's step g + momentum * v is the plain step.
+        if values["nesterov"] and values["momentum"] > 0 and values["dampening"] != 0:
             raise popart_exception(
-                f"{name} {where}: nesterov must be 0 (off) or 1 (on), got {values['nesterov']}.")
-        if values["nesterov"] and (values["momentum"] <= 0 or values["dampening"] != 0):
-            raise popart_exception(
-                f"{name} {where}: Nesterov momentum needs momentum > 0 and dampening 0, got "
-                f"momentum {values['momentum']}, dampening {values['dampening']}.")
+                f"{name} {where}: Nesterov momentum needs dampening 0, got dampening "
+                f"{values['dampening']} (momentum {values['momentum']}).")
 
     def _structure(self):
         return {**super()._structure(), "accumulatorAndMomentum": self.accumulatorAndMomentum,

@@ -99,17 +99,17 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "scheduleNonWeightUpdateGradientConsumersEarly": pending(
         6, "schedule order in the liveness/memory model"
     ),
-    "decomposeGradSum": ByMode(
-        no_effect(_INFERENCE_ONLY_GRADS), pending(3, "decomposed grad sums")
-    ),
+    # Gradient sums as chains of Adds (transforms/decompose_grad_sum.py).
+    "decomposeGradSum": ByMode(no_effect(_INFERENCE_ONLY_GRADS), BUILT),
     "aliasZeroCopy": no_effect(
         "subgraph and loop copies are not modelled separately, so there is no copy to alias"),
     # Recomputation clones forward ops into the backward pass; the IR is always explicit.
     "autoRecomputation": ByMode(no_effect("inference has no backward pass"), BUILT),
     "explicitRecomputation": ByMode(no_effect("inference has no backward pass"), BUILT),
-    "mergeVarUpdate": ByMode(no_effect("inference has no variable updates"), _TRAINING),
-    "mergeVarUpdateMemThreshold": ByMode(no_effect("inference has no variable updates"), _TRAINING),
-    "looseThresholdAtPeak": ByMode(no_effect("inference has no variable updates"), _TRAINING),
+    # Merged weight updates: syncs and a gradient buffer (device/var_update_merge.py).
+    "mergeVarUpdate": ByMode(no_effect("inference has no variable updates"), BUILT),
+    "mergeVarUpdateMemThreshold": ByMode(no_effect("inference has no variable updates"), BUILT),
+    "looseThresholdAtPeak": ByMode(no_effect("inference has no variable updates"), BUILT),
     "useLoopCandidateCreator": _NO_OUTLINING,
     "rearrangeAnchorsOnHost": no_effect("simulated tensors have no tile layout to rearrange"),
     "rearrangeStreamsOnHost": no_effect("simulated tensors have no tile layout to rearrange"),
@@ -162,10 +162,9 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
                   "needs"),
     ),
     "executionPhaseSettings": pending(5, "execution phases"),
+    # Overlap schedules: the IPUs' weight updates run in parallel (device/cost.py).
     "accumulateOuterFragmentSettings": ByMode(
-        no_effect("inference has no accumulate outer fragment"),
-        pending(5, "accumulate outer fragment scheduling"),
-    ),
+        no_effect("inference has no accumulate outer fragment"), BUILT),
     "batchSerializationSettings": BUILT,  # memory and cycles (device/option_model.py)
     "autodiffSettings": ByMode(no_effect("inference runs no autodiff"), _TRAINING),
     # Off-chip storage and replicated tensor sharding (transforms/rts.py) are built.
@@ -178,18 +177,18 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "enableNonStableSoftmax": BUILT,
     "enableStableNorm": no_effect(
         "the simulated norms always take the variance about the mean (the stable form)"),
-    # Needs each float16 kernel's unrounded float32 result and a seeded draw per element.
-    "enableStochasticRounding": pending(None, "stochastic rounding of float16 results"),
+    # float16 MatMul results and weight updates (transforms/stochastic_rounding.py).
+    "enableStochasticRounding": BUILT,
     "enableFloatingPointChecks": BUILT,
     "partialsTypeMatMuls": BUILT,  # float16 products only (transforms/numerics_options.py)
     "enableFullyConnectedPass": no_effect("only changes Poplar's matmul plan, not modelled"),
-    "enableSerializedMatmuls": no_effect(
-        "setSerializeMatMul annotations do not change the simulator's memory or cycles, so "
-        "turning them off changes nothing either"),
+    # False: the per-op matmul serialisations are not planned (device/planner.py).
+    "enableSerializedMatmuls": BUILT,
     "groupNormStridedChannelGrouping": BUILT,  # transforms/numerics_options.py
     "enableSupportedDataTypeCasting": pending(None, "strict 64-bit integer handling"),
-    "enableConstantFoldingOfMultipleConsumers": pending(
-        None, "keeping constant expressions with several readers unfolded"),
+    # False: constant expressions of shared tensors stay unfolded (transforms/const_fold.py,
+    # importer/fold_policy.py).
+    "enableConstantFoldingOfMultipleConsumers": BUILT,
     "enableInplaceAmbiguityChecking": no_effect(
         "in-place variants are used only where the op is the sole reader, so no in-place "
         "ambiguity can arise"),
@@ -203,7 +202,7 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "opxAliasChecking": BUILT,  # transforms/numerics_options.py KernelChecks
     "opxModifyChecking": BUILT,
     "automaticLossScalingSettings": ByMode(
-        no_effect("inference has no loss scaling"), pending(3, "automatic loss scaling")
+        no_effect("inference has no loss scaling"), BUILT  # transforms/auto_loss_scaling.py
     ),
     # Session.getRNGState / setRNGState (device/simulator.py rng_state).
     "enableLoadAndOffloadRNGState": BUILT,

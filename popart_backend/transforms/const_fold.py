@@ -80,12 +80,20 @@ def to_torch(array: np.ndarray) -> torch.Tensor | np.ndarray:
 
 
 class FoldConstants:
-    """Pass: fold every foldable op, in topological order."""
+    """Pass: fold every foldable op, in topological order. With ``multiple_consumers`` False
+    (SessionOptions.enableConstantFoldingOfMultipleConsumers), an op reading a tensor that
+    several ops read stays unfolded."""
 
     name = "fold_constants"
+
+    def __init__(self, multiple_consumers: bool = True):
+        self.multiple_consumers = multiple_consumers
 
     def run(self, ir) -> bool:
         changed = False
         for op in ir.main.topo_order():
+            if not self.multiple_consumers and any(
+                    t is not None and len({c.id for c in t.consumers}) > 1 for t in op.inputs):
+                continue
             changed |= try_fold(ir.main, op)
         return changed

@@ -27,6 +27,7 @@ from ..options.planning import matmul_half_partials
 from .apply_patterns import ApplyPatterns
 from .autodiff import GRADIENT_PREFIX, Autodiff
 from .const_fold import FoldConstants
+from .decompose_grad_sum import DecomposeGradSums
 from .fuse_attention import FuseAttention
 from .fuse_conv_act import FuseConvActivation
 from .fuse_conv_bn import FoldBatchNormIntoConv
@@ -39,7 +40,9 @@ from .numerics_options import (FloatingPointChecks, HalfPartialMatMuls, KernelCh
                                NonStableSoftmax, StridedGroupNorm)
 from .ipu_copy import InsertIpuCopies
 from .pipelining import AssignPipelineStages, InsertPipelineStashes
+from .auto_loss_scaling import AutomaticLossScaling
 from .random_seed import WireRandomSeed
+from .stochastic_rounding import StochasticRounding
 from .recompute import Recompute
 from .replication import AllReduceGradients
 from .rts import ShardVariables
@@ -56,7 +59,7 @@ def inference_passes(options=None, ipus_per_replica: int = 1,
     ``ipus_per_replica`` (device IPUs ÷ replicas) and ``batches_per_step`` serve virtual graphs
     and pipelining."""
     passes = [
-        FoldConstants(),
+        FoldConstants(_fold_multiple(options)),
         *numerics_passes(options),
         # Compile-time fusions (DESIGN decision 9); BN folding must precede Conv+Relu.
         FoldBatchNormIntoConv(),
@@ -72,6 +75,8 @@ def inference_passes(options=None, ipus_per_replica: int = 1,
     ]
     if options is None:
         return passes
+    if options.enableStochasticRounding:
+        passes.insert(len(passes) - 2, StochasticRounding())  # before WireRandomSeed
     checks = check_passes(options)
     # Weights (when not constants) asking for replicated tensor sharding (spec §10.3).
     local_replicas = options.replicatedGraphCount if options.enableReplicatedGraphs else 1
@@ -110,6 +115,11 @@ def half_partials(options) -> bool:
         )
     # matmulOptions["partialsType"] asks the same when partialsTypeMatMuls is unset.
     return matmul_half_partials(options)
+
+
+def _fold_multiple(options) -> bool:
+    """enableConstantFoldingOfMultipleConsumers (True without options)."""
+    return options is None or options.enableConstantFoldingOfMultipleConsumers
 
 
 def check_passes(options) -> list:
@@ -153,12 +163,15 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     # Fusions whose fused op has a gradient, before placement (they keep the settings of the
     # ops they replace) and autodiff. Virtual graphs before autodiff: every gradient op
     # inherits its forward op's IPU.
-    passes: list = [FoldConstants(), *numerics_passes(options), TrainingSemantics(),
+    passes: list = [FoldConstants(_fold_multiple(options)), *numerics_passes(options),
+                    TrainingSemantics(),
                     FuseMatMulAdd(training=True), FuseGelu(training=True),
                     FuseLayerNorm(training=True), FuseAttention(training=True),
                     ApplyPatterns(), AssignVirtualGraphs(placement), Autodiff(loss_id, seed)]
     if half_partials(options):
         passes.append(HalfPartialMatMuls())  # the gradient products autodiff added
+    if options.decomposeGradSum:
+        passes.append(DecomposeGradSums())  # the gradient sums autodiff added
     if not const_scaling:
         passes.append(SeedLossScaling(loss_id, loss_scaling))
     # Ir.weight_grads (set by autodiff) is rewritten by each of the next passes in turn.
@@ -173,11 +186,15 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     passes.append(AllReduceGradients(context, replication_factor))
     grad_scale = grad_factor / loss_scaling if const_scaling else grad_factor
     passes.append(ApplyOptimizer(optimizer, context, grad_scale))
+    if options.automaticLossScalingSettings.enabled:
+        passes.append(AutomaticLossScaling(options.automaticLossScalingSettings, context))
     if options.enableGradientAccumulation:
         passes.append(ResetAccumulators())
     # Replicated tensor sharding rewrites the reductions and updates built above (spec §10.3).
     local_replicas = options.replicatedGraphCount if options.enableReplicatedGraphs else 1
     passes.append(ShardVariables(options, replication_factor, local_replicas))
+    if options.enableStochasticRounding:
+        passes.append(StochasticRounding())  # after the optimizer: its updates round too
     passes.append(WireRandomSeed())
     passes.append(InplaceVariants())
     if options.enableGradientAccumulation:

@@ -121,7 +121,7 @@ class Recompute:
         settings = dataclasses.replace(
             op.settings, name=f"{op.settings.name}/recomputed", recompute=RecomputeType.Recomputed,
             ipu=reader.settings.ipu, pipeline_stage=reader.settings.pipeline_stage)
-        clone = type(op)(op.attrs, settings, op.version)
+        clone = op.clone_with(settings)
         clone.grad_of = None
         outputs = [graph.unique_id(f"{t.id}/recomputed") if t is not None else ""
                    for t in op.outputs]

@@ -22,12 +22,16 @@ After:
   Gradient___w = MatMul(...)
   Gradient___w/allreduced = ReplicatedAllReduce(Gradient___w)
   UpdatedVar___w = SGDUpdate(w, Gradient___w/allreduced)
+
+With several IPUs per replica each all-reduce runs on its weight's IPU (``weight_ipu``): its
+busy time and its buffers belong there, next to the weight's update.
 """
 
 from __future__ import annotations
 
 import logging
 
+from ..ir.graph import Graph
 from ..ir.ir import Ir
 from ..ir.op import ExecutionContext, OpSettings
 from ..ops import collectives as _collectives  # noqa: F401 - registers ReplicatedAllReduce
@@ -59,10 +63,26 @@ class AllReduceGradients:
         for weight_id, grad_id in gradients.items():
             out = graph.unique_id(grad_id + ALLREDUCED_SUFFIX)
             op = create_op("ReplicatedAllReduce", {},
-                           OpSettings(name=out, execution_context=self.context),
+                           OpSettings(name=out, execution_context=self.context,
+                                      ipu=weight_ipu(graph, weight_id, grad_id)),
                            domain=AI_GRAPHCORE, where=out)
             graph.add_op(op, [grad_id], [out])
             ir.weight_grads[weight_id] = out
         _log.debug("all_reduce_gradients: %d gradients over %d replicas (%s)", len(gradients),
                    self.global_replicas, self.context.name)
         return bool(gradients)
+
+
+def weight_ipu(graph: Graph, weight_id: str, grad_id: str) -> int | None:
+    """The IPU of weight ``weight_id``: that of the placed ops reading it (the lowest when they
+    differ), else where its gradient ``grad_id`` is computed or accumulated; None when none of
+    them is placed (one IPU per replica)."""
+    readers = [op.settings.ipu for op in graph.tensors[weight_id].consumers
+               if op.settings.ipu is not None]
+    if readers:
+        return min(readers)
+    grad = graph.tensors[grad_id]
+    writers = [grad.producer] if grad.producer is not None else []
+    writers += [op for op in grad.consumers
+                if any(op.inputs[i] is grad for i in op.modifies_inputs)]
+    return next((op.settings.ipu for op in writers if op.settings.ipu is not None), None)

@@ -293,17 +293,19 @@ class ShardVariables:
                               if op.op_type == "Accumulate" and _writes(op, accum))
             micro_grad = accumulate.inputs[1].id
             shard = self._scatter(graph, micro_grad, accumulate.settings.execution_context,
-                                  accum_sharding)
+                                  accum_sharding, ipu=accumulate.settings.ipu)
             graph.replace_input(accumulate, 1, shard)
             touched.add(shard)
             reduced = source  # the accumulator (or its scaled alias) already holds the sum
             if update_sharding is None:
                 reduced = self._add(graph, "ReplicatedAllGather", [source],
                                     accum + GATHERED_SUFFIX, context, accum_sharding,
+                                    ipu=reduce_op.settings.ipu,
                                     shape=tuple(accum_sharding.full_info.shape),
                                     num_shards=accum_sharding.num_shards)
         else:
-            reduced = self._scatter(graph, source, context, update_sharding)
+            reduced = self._scatter(graph, source, context, update_sharding,
+                                    ipu=reduce_op.settings.ipu)
             touched.add(reduced)
         for op in readers:
             for i, t in enumerate(op.inputs):
@@ -323,7 +325,7 @@ class ShardVariables:
                           domain=AI_GRAPHCORE, where=name)
         graph.add_op(probe, [t.id if t is not None else "" for t in update.inputs], [name])
         summed = self._add(graph, "ReplicatedAllReduce", [name], name + "/allreduced", context,
-                           sharding)
+                           sharding, ipu=update.settings.ipu)
         # The update reads the same inputs plus the sums; its state was sized for shards.
         update.attrs = attrs
         graph.append_input(update, summed)
@@ -364,17 +366,18 @@ class ShardVariables:
         graph.remove_tensor(old)
 
     def _scatter(self, graph: Graph, source: str, context: ExecutionContext,
-                 sharding: Sharding) -> str:
+                 sharding: Sharding, ipu: int | None = None) -> str:
         """Reduce-scatter ``source`` within each shard group, then all-reduce the shard over
-        the groups when there are several (spec §10.4)."""
+        the groups when there are several (spec §10.4); both on ``ipu``, the weight's."""
         out = self._add(graph, "ReplicatedReduceScatter", [source], source + SCATTERED_SUFFIX,
-                        context, sharding, num_shards=sharding.num_shards)
+                        context, sharding, ipu=ipu, num_shards=sharding.num_shards)
         groups = sharding.num_replicas // sharding.num_shards
         if groups > 1:
             across = (CommGroupType.Orthogonal.value, groups)
             name = graph.unique_id(out + "/allreduced")
             op = create_op("ReplicatedAllReduce", {},
-                           OpSettings(name=name, execution_context=context, comm_group=across),
+                           OpSettings(name=name, execution_context=context, comm_group=across,
+                                      ipu=ipu),
                            domain=AI_GRAPHCORE, where=name)
             graph.add_op(op, [out], [name])
             out = name
@@ -382,11 +385,13 @@ class ShardVariables:
 
     @staticmethod
     def _add(graph: Graph, op_type: str, inputs: list[str], output: str,
-             context: ExecutionContext, sharding: Sharding, **attrs) -> str:
+             context: ExecutionContext, sharding: Sharding, ipu: int | None = None,
+             **attrs) -> str:
+        """Add a collective on ``ipu`` (None: placed later from its neighbours)."""
         out = graph.unique_id(output)
         op = create_op(op_type, attrs,
                        OpSettings(name=out, execution_context=context,
-                                  comm_group=sharding.comm_group),
+                                  comm_group=sharding.comm_group, ipu=ipu),
                        domain=AI_GRAPHCORE, where=out)
         graph.add_op(op, inputs, [out])
         return out

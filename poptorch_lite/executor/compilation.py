@@ -307,7 +307,8 @@ class CompileMixin:
         loss_id = find_loss(traced)
         translation = optimizer_translation.translate(
             self._optimizer, self._user_model, traced.param_map,
-            self._running_stat_names() | set(traced.updated_buffers))
+            self._running_stat_names() | set(traced.updated_buffers),
+            variable_loss_scaling=session_options.automaticLossScalingSettings.enabled)
         session = popart.TrainingSession(traced.proto, data_flow, loss_id, translation.backend,
                                          device, patterns=self._options.backend_patterns(),
                                          userOptions=session_options,

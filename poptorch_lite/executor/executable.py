@@ -30,6 +30,7 @@ import hashlib
 import inspect
 import json
 import logging
+import math
 import sys
 import time
 import warnings
@@ -73,7 +74,7 @@ def _versions() -> dict[str, str]:
 def _plain(value) -> bool:
     if isinstance(value, (list, tuple)):
         return all(_plain(v) for v in value)
-    return isinstance(value, _PLAIN) and not (isinstance(value, float) and value != value)
+    return isinstance(value, _PLAIN) and not (isinstance(value, float) and math.isnan(value))
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -304,7 +305,7 @@ class ExecutableMixin:
 
     # --- files -----------------------------------------------------------------------------
 
-    def compileAndExport(self, filename, *args, export_model: bool = True,  # noqa: N802
+    def compileAndExport(self, filename, *args, export_model: bool = True,
                          **kwargs) -> None:
         """Compile for these inputs (without running) and ``save`` to ``filename``."""
         if not self.isCompiled():
@@ -344,7 +345,7 @@ class ExecutableMixin:
             raise Error(str(exc)) from exc
         _log.info("executable written to '%s'", target)
 
-    def loadExecutable(self, filename) -> None:  # noqa: N802
+    def loadExecutable(self, filename) -> None:
         """Load a file of ``compileAndExport`` / ``save`` for this model: its weights,
         optimizer and RNG state replace the wrapper's; nothing is traced or compiled again."""
         if self.isCompiled():
@@ -418,12 +419,22 @@ def _model_tree(model: torch.nn.Module, running_stats) -> dict:
 def _optimizer_meta(optimizer, model: torch.nn.Module) -> dict | None:
     names = {id(p): n for n, p in model.named_parameters()}
     groups = []
+    unsupported = set()
     for group in optimizer.param_groups:
-        values = {k: v for k, v in group.items() if k != "params" and _plain(v)}
+        values, dtypes = {}, {}
+        for key, value in group.items():
+            if key == "params":
+                continue
+            if isinstance(value, torch.dtype):
+                dtypes[key] = str(value).removeprefix("torch.")
+            elif _plain(value):
+                values[key] = value
+            else:
+                unsupported.add(key)
         groups.append({"params": [names.get(id(p), "") for p in group["params"]],
-                       "values": values})
+                       "values": values, "dtypes": dtypes})
     return {"class": type(optimizer).__name__, "module": type(optimizer).__module__,
-            "groups": groups}
+            "groups": groups, "unsupported": sorted(unsupported)}
 
 
 class ExportedModule(torch.nn.Module):
@@ -466,14 +477,18 @@ def _rebuild_optimizer(meta: dict, model: torch.nn.Module):
     # Only this package's optimizers, by name: nothing in the file chooses code to run.
     cls = getattr(optim, str(meta.get("class")), None)
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)
-            and meta.get("module") == optim.__name__):
+            and cls.__module__ == optim.__name__ == meta.get("module")):
         raise Error(f"load(): the file's optimizer {meta.get('module')}.{meta.get('class')} is "
                     f"not one of poptorch_lite.optim's; build the wrapper with your optimizer "
                     f"and call loadExecutable instead.")
+    if meta.get("unsupported"):
+        raise Error(f"load(): the optimizer's settings {meta['unsupported']} could not be "
+                    f"saved; build the wrapper with your optimizer and call loadExecutable.")
     params = dict(model.named_parameters())
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
     groups = [{"params": [params[n] for n in g["params"]],
-               **{k: v for k, v in g["values"].items() if k in accepted}}
+               **{k: v for k, v in g["values"].items() if k in accepted},
+               **{k: _dtype(v) for k, v in g.get("dtypes", {}).items() if k in accepted}}
               for g in meta["groups"]]
     return cls(groups, **{k: v for k, v in groups[0].items() if k != "params"})
 

@@ -25,7 +25,9 @@ The rest of its behaviour comes from mixins, one module each:
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
+import threading
 import warnings
 import weakref
 
@@ -59,7 +61,14 @@ _LIVE: "weakref.WeakSet[PoplarExecutor]" = weakref.WeakSet()
 
 class PoplarExecutor(ExecutableMixin, CompileMixin, RunMixin, StateSyncMixin,
                      IntrospectionMixin):
-    """A module compiled for the simulated IPU; use like the module (``wrapper(x)``)."""
+    """A module compiled for the simulated IPU; use like the module (``wrapper(x)``).
+
+    Thread safety: a wrapper may be shared by threads. It has one (re-entrant) lock, held by
+    calls and by every method that compiles, moves weights, optimizer or RNG state, or
+    attaches and detaches (``_LOCKED_MEMBERS``): a call made while another thread is inside
+    one of them waits for it, so concurrent calls run one after the other, as sequential
+    calls would.
+    """
 
     def __init__(self, model: torch.nn.Module, options: Options | None, training: bool,
                  optimizer=None):
@@ -92,6 +101,7 @@ class PoplarExecutor(ExecutableMixin, CompileMixin, RunMixin, StateSyncMixin,
             private.outputMode(private.resolved_output_mode(training))
         private._freeze()
         d = self.__dict__
+        d["_lock"] = threading.RLock()
         d["_user_model"] = model
         d["_options"] = private
         d["_training"] = training
@@ -338,6 +348,32 @@ class PoplarExecutor(ExecutableMixin, CompileMixin, RunMixin, StateSyncMixin,
 _MIXIN_MEMBERS = frozenset().union(*(vars(mixin) for mixin in (ExecutableMixin, CompileMixin,
                                                                  RunMixin, StateSyncMixin,
                                                                  IntrospectionMixin)))
+
+# The members that hold the wrapper's lock (the class docstring).
+_LOCKED_MEMBERS = (
+    "__call__", "compile", "compileAndExport", "save", "loadExecutable", "copyWeightsToHost",
+    "copyWeightsToDevice", "copyWeightsToHostIfNeeded", "copyNamedBuffersToDevice",
+    "setOptimizer", "detachFromDevice", "attachToDevice", "destroy", "load_state_dict",
+    "state_dict", "rng_state",
+)
+
+
+def _locked(function):
+    @functools.wraps(function)
+    def call(self, *args, **kwargs):
+        with self.__dict__["_lock"]:
+            return function(self, *args, **kwargs)
+
+    return call
+
+
+for _name in _LOCKED_MEMBERS:
+    _member = getattr(PoplarExecutor, _name)
+    if isinstance(_member, property):
+        _member = property(_locked(_member.fget), _locked(_member.fset), doc=_member.__doc__)
+    else:
+        _member = _locked(_member)
+    setattr(PoplarExecutor, _name, _member)
 
 
 def poptorchAtExit() -> None:  # noqa: N802 - PopTorch's name

@@ -172,7 +172,9 @@ class StateSyncMixin:
             started = bool(entry)
             for tid in translation.internal_state[weight_id]:
                 array = _host_array(session, tid)
-                array[...] = float(self._steps_done if started else 0)
+                # A state entry (e.g. torch SGD's momentum_buffer, which stores no step count)
+                # means at least one step was taken: the next one is not the first.
+                array[...] = float(max(self._steps_done, 1) if started else 0)
                 arrays[tid] = array
         if not arrays:
             return

@@ -285,9 +285,9 @@ def serializedMatMul(lhs: torch.Tensor, rhs: torch.Tensor, mode: MatMulSerializa
                      factor: int = 0, keep_precision: bool = False) -> torch.Tensor:
     """``lhs @ rhs`` split ``factor`` ways along ``mode``'s dimension (InputChannels: lhs's
     rows, ReducingDim: the summed dimension, OutputChannels: rhs's columns). The numbers are
-    the plain matmul's. The MatMul node carries PopART's ``__serialize_matmul_*`` annotations;
-    the simulated backend does not model serialisation, so memory and cycles are the plain
-    matmul's (logged once). Raises ``ValueError`` for a bad mode, ``Error`` for a factor that
+    the plain matmul's. The MatMul node carries PopART's ``__serialize_matmul_*`` annotations,
+    which the backend's device model plans: the partials temporary divided by ``factor`` and
+    one superstep per slice. Raises ``ValueError`` for a bad mode, ``Error`` for a factor that
     does not divide the dimension."""
     if not isinstance(mode, MatMulSerializationMode):
         raise ValueError(f"serializedMatMul: mode must be a poptorch_lite."
@@ -305,9 +305,6 @@ def serializedMatMul(lhs: torch.Tensor, rhs: torch.Tensor, mode: MatMulSerializa
         if factor < 1 or size % factor:
             raise Error(f"serializedMatMul: factor {factor} must be >= 1 and divide the "
                         f"{mode.name} dimension ({size}).")
-        _log_once("serializedMatMul", "serializedMatMul: the simulated IPU does not model "
-                  "matmul serialisation; memory and cycles are those of the unsplit matmul "
-                  "(the numbers are the same).")
     return _serialized_matmul(lhs, rhs, mode.value, factor, bool(keep_precision))
 
 

@@ -12,14 +12,18 @@ eagerly on CPU the contexts only check their arguments.
   inside (a dict as PopART's flat ``[key, value, ...]`` strings, a plain value as itself).
 - ``MultiConv()``: each convolution inside is annotated with its planning options under
   PopART's per-node names (``__available_memory``, ``__partials_type``,
-  ``__enable_conv_dithering``, ``__multiconv_*``); the simulated IPU plans convolutions one by
-  one, so these have no effect on memory or cycles (logged once).
+  ``__enable_conv_dithering``, ``__multiconv_*``). The backend plans each convolution with its
+  own available memory proportion and partials type (its planner temporaries and supersteps);
+  the annotations it does not read (dithering, the ``__multiconv_*`` plan options) it logs once
+  as having no effect.
+
+Attribute names starting with ``__`` are read by the backend's importer or logged there once as
+having no effect; other names are refused there as unknown attributes of the op.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 from itertools import count
 
 import onnx
@@ -34,9 +38,7 @@ from ..errors import Error
 __all__ = ["Attribute", "MultiConv", "NameScope"]
 
 SCOPES_KEY = "poptorch_lite_scopes"
-_log = logging.getLogger("poptorch_lite")
 _serials = count()
-_logged: set[str] = set()
 _PARTIALS = {torch.float: "float", torch.half: "half"}
 
 
@@ -86,8 +88,8 @@ class NameScope(_Scope):
 
 class Attribute(_Scope):
     """``with Attribute(__outline={"layer": "embedding"}):`` adds each keyword as an attribute
-    of every op traced inside (a dict as flat ``[key, value, ...]`` strings). Attributes the
-    simulated backend does not read are kept on the ONNX nodes only (logged once)."""
+    of every op traced inside (a dict as flat ``[key, value, ...]`` strings). The backend
+    reads the ``__`` annotations it models and logs the others once as having no effect."""
 
     def __init__(self, **kwargs):
         if not kwargs:
@@ -101,11 +103,6 @@ class Attribute(_Scope):
                                if isinstance(v, dict) else v) for k, v in kwargs.items()}
 
     def _entry(self):
-        if isRunningOnIpu() and "Attribute" not in _logged:
-            _logged.add("Attribute")
-            _log.warning("Attribute(%s): the attributes are written on the ONNX nodes; the "
-                         "simulated IPU reads none of them, so they change neither numbers, "
-                         "memory nor cycles.", ", ".join(self.attributes))
         return ("attrs", tuple(self.attributes.items()))
 
 
@@ -164,11 +161,6 @@ class MultiConv(_Scope):
         return self
 
     def _entry(self):
-        if isRunningOnIpu() and self._options and "MultiConv" not in _logged:
-            _logged.add("MultiConv")
-            _log.warning("MultiConv: the simulated IPU plans each convolution on its own; the "
-                         "planning options (%s) are written on the Conv nodes but change "
-                         "neither numbers, memory nor cycles.", ", ".join(self._options))
         return ("multiconv", next(_serials), tuple(
             (k, tuple(v) if isinstance(v, list) else v) for k, v in self._options.items()))
 

@@ -72,7 +72,6 @@ def test_unknown_key_lists_valid_keys(cls):
     (popart.SGD, {"defaultMomentum": (-1.0, True)}, "momentum must be >= 0"),
     (popart.SGD, {"defaultDampening": (1.5, True)}, "dampening"),
     (popart.SGD, {"defaultVelocityScaling": (0.0, True)}, "velocityScaling"),
-    (popart.SGD, {"defaultNesterov": (1, True)}, "Nesterov momentum needs momentum > 0"),
     (popart.SGD, {"defaultNesterov": (1, True), "defaultMomentum": (0.9, True),
                   "defaultDampening": (0.1, True)}, "dampening 0"),
     (popart.SGD, {"lossScaling": (0.0, True)}, "lossScaling must be positive"),

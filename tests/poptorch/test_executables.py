@@ -4,6 +4,7 @@ cache without tracing, bad files are refused before anything changes and run no 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -17,9 +18,16 @@ import pytest
 import torch
 
 import poptorch_lite as poptorch
-from poptorch_lite.executor.executable import cache_stats
-from tests.poptorch.executable_worker import (STEPS, batches, net, options, run_steps,
-                                              training_wrapper)
+from poptorch_lite.executor.executable import cache_stats, model_fingerprint
+from poptorch_lite.tracing import flatten_inputs
+from tests.poptorch.executable_worker import (
+    STEPS,
+    batches,
+    net,
+    options,
+    run_steps,
+    training_wrapper,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -161,9 +169,6 @@ def test_p69_cache_concurrent_processes_then_hit_with_current_weights(tmp_path, 
 
 
 def test_p69_cache_key_follows_model_code_state_and_inputs():
-    from poptorch_lite.executor.executable import model_fingerprint
-    from poptorch_lite.tracing import flatten_inputs
-
     opts = options()
     _, sig = flatten_inputs({"x": torch.ones(6, 4), "labels": None})
     _, sig2 = flatten_inputs({"x": torch.ones(5, 4), "labels": None})
@@ -195,3 +200,42 @@ def test_p69_training_cache_hit_trains_like_an_uncached_wrapper(tmp_path):
         np.testing.assert_array_equal(losses, results[0][0])
         for name, value in state.items():
             np.testing.assert_array_equal(value, results[0][1][name])
+
+
+def _rewrite(src: Path, dst: Path, edit_meta=None, tensors_json=None) -> Path:
+    """A copy of ``src`` with edited metadata and consistent checksums (a crafted file)."""
+    with zipfile.ZipFile(src) as archive:
+        members = {i.filename: archive.read(i.filename) for i in archive.infolist()}
+    header = json.loads(members["meta.json"])
+    if tensors_json is not None:
+        members["tensors.json"] = json.dumps(tensors_json(json.loads(
+            members["tensors.json"]))).encode()
+        header["sha256"]["tensors.json"] = hashlib.sha256(members["tensors.json"]).hexdigest()
+    if edit_meta is not None:
+        edit_meta(header["meta"])
+    members["meta.json"] = json.dumps(header).encode()
+    with zipfile.ZipFile(dst, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return dst
+
+
+def test_p68_crafted_metadata_refused(exported, tmp_path):
+    path = exported[0]
+
+    def object_dtype(table):
+        table[0]["dtype"] = "object"
+        return table
+
+    _refused(_rewrite(path, tmp_path / "obj.poptorch", tensors_json=object_dtype), "malformed")
+
+    def torch_optimizer(meta):
+        meta["optimizer"].update({"class": "SGD", "module": "torch.optim.sgd"})
+
+    with pytest.raises(poptorch.Error, match="not one of poptorch_lite.optim"):
+        poptorch.load(_rewrite(path, tmp_path / "opt.poptorch", torch_optimizer))
+
+    def bad_tree(meta):
+        meta["traced"]["treedef"] = '[1, {"type": "os.system", "context": "null"}]'
+
+    _refused(_rewrite(path, tmp_path / "tree.poptorch", bad_tree), "malformed")

@@ -125,6 +125,31 @@ def test_serialized_matmul_numbers_gradient_and_annotations(mode, factor):
     assert attrs["__serialize_matmul_precision"].i == 1
 
 
+def _planner_temporaries(wrapper) -> dict[str, int]:
+    """Planner temporary bytes per op name in the backend's device model."""
+    memory = wrapper._active.session.getReport().model.memory.ipus[0]
+    return {t.id: t.num_bytes for t in memory.tensors if t.category == "planner temporaries"}
+
+
+@pytest.mark.parametrize("mode,factor", [(poptorch.MatMulSerializationMode.InputChannels, 4),
+                                         (poptorch.MatMulSerializationMode.OutputChannels, 3)])
+def test_serialized_matmul_divides_the_partials_and_adds_syncs(mode, factor):
+    """The serialised matmul's partials buffer (4-byte partials per output element) is split
+    in ``factor`` slices, each paying one sync; the numbers are the plain matmul's."""
+    x, target = torch.randn(8, 4), torch.randn(8, 6)
+    plain_model = MatMulModel(poptorch.MatMulSerializationMode.Disabled, 0).eval()
+    plain = poptorch.inferenceModel(plain_model)
+    serial = poptorch.inferenceModel(MatMulModel(mode, factor).eval())
+    assert_allclose(actual=serial(x, target), expected=plain(x, target))
+    assert_allclose(actual=serial(x, target)[0], expected=plain_model(x, target)[0])
+    assert _planner_temporaries(plain) == {}
+    assert list(_planner_temporaries(serial).values()) == [8 * 6 * 4 // factor]
+    plain_model_report = plain._active.session.getReport().model
+    serial_report = serial._active.session.getReport().model
+    assert (serial_report.cycles.step_cycles - plain_model_report.cycles.step_cycles
+            == (factor - 1) * serial_report.spec.sync_latency_cycles)
+
+
 def test_serialized_matmul_errors():
     a, b = torch.zeros(2, 4), torch.zeros(4, 6)
     with pytest.raises(ValueError, match="MatMulSerializationMode"):
@@ -246,6 +271,16 @@ def test_scopes_name_and_annotate_nodes_and_keep_numbers():
     assert all(_attrs(c)["__multiconv_plan_type"].s == b"serial" for c in convs)
     assert all(list(_attrs(c)["__outline"].strings) == [b"layer", b"convs"] for c in convs)
     assert "__outline" not in _attrs(relu)
+    # The backend plans each convolution with its own proportion: a partials buffer per
+    # convolution (4 bytes per output element, 2 with half partials) in its temporaries.
+    ops = [op for op in wrapper._active.session.getIr().main.ops.values()
+           if op.op_type == "Conv"]
+    assert sorted(op.settings.available_memory_proportion for op in ops) == pytest.approx(
+        [0.2, 0.5])
+    temporaries = _planner_temporaries(wrapper)
+    assert len(temporaries) == 2
+    assert sum(temporaries.values()) == sum(
+        op.outputs[0].info.nelms * (2 if op.settings.half_partials else 4) for op in ops)
 
 
 def test_scope_argument_errors():

@@ -4,7 +4,8 @@ MODE PATH OUT``.
 - ``train EXE OUT``: build the MLP training session, ``loadExecutable(EXE)``, prepare, run
   ``STEPS`` steps and save the losses and final weights to ``OUT`` (npz).
 - ``cache DIR OUT``: build the session with the engine cache in ``DIR``, prepare, and write
-  the engine cache counters to ``OUT`` (JSON).
+  the engine cache counters to ``OUT`` (JSON); ``cacheenv``: the folder from
+  ``POPART_CACHE_DIR``.
 """
 
 from __future__ import annotations
@@ -56,10 +57,11 @@ def main(mode: str, path: str, out: str) -> None:
         session.weightsFromHost()
         losses, weights = run_steps(session, batches(STEPS, STEPS))
         np.savez(out, losses=losses, **{k: weights[k] for k in WEIGHTS})
-    elif mode == "cache":
+    elif mode in ("cache", "cacheenv"):  # cacheenv: the folder comes from POPART_CACHE_DIR
         options = popart.SessionOptions()
-        options.enableEngineCaching = True
-        options.cachePath = path
+        if mode == "cache":
+            options.enableEngineCaching = True
+            options.cachePath = path
         make_session(options).prepareDevice()
         with open(out, "w") as f:
             json.dump(engine_cache_stats, f)

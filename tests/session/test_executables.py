@@ -127,10 +127,12 @@ def test_f53_engine_cache_concurrent_writers_hit_in_another_process_corrupt_entr
                                                                                  caplog):
     """Two processes compile at once; this (third) process then hits their entry."""
     cache = tmp_path / "cache"
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.session.executable_worker", "cache",
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.session.executable_worker", mode,
                                str(cache), str(tmp_path / f"s{i}.json")], cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for i in range(2)]
+                              env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+             for i, (mode, env) in enumerate((("cache", {}),
+                                              ("cacheenv", {"POPART_CACHE_DIR": str(cache)})))]
     assert [p.wait(timeout=300) for p in procs] == [0, 0]
     for index in range(2):
         stats = json.loads((tmp_path / f"s{index}.json").read_text())

@@ -181,6 +181,16 @@ def test_sgd_nesterov_key_matches_torch():
     assert not np.allclose(got[-1]["w"], plain[-1]["w"])  # the key changed the trajectory
 
 
+def test_sgd_nesterov_without_momentum_is_plain_sgd():
+    """PopART keeps nesterov as a number (non-zero: on); with momentum 0 there is no velocity
+    and the Nesterov step is torch's plain SGD step."""
+    weights, grads = _data(3)
+    opt = popart.SGD({"defaultLearningRate": ov(0.1), "nesterov": (0.5, False)})
+    got, _, _ = run_backend(opt, weights, grads)
+    want = run_torch(lambda p: torch.optim.SGD(p, lr=0.1), weights, grads)
+    assert_same(got, want)
+
+
 def test_sgd_nesterov_in_training_session():
     params = mlp_params()
     opt = popart.SGD({"defaultLearningRate": (0.05, True), "defaultMomentum": (0.9, True),

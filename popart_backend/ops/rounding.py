@@ -1,0 +1,56 @@
+"""Stochastic rounding of float32 values to float16 (SessionOptions.enableStochasticRounding).
+
+The IPU can round a float32 value x to one of its two float16 neighbours lo <= x <= hi at
+random, hi with probability (x - lo) / (hi - lo): the rounding error is zero on average, so many
+small updates of a float16 weight add up instead of vanishing. Ops whose class sets
+``supports_stochastic_rounding`` and whose ``OpSettings.stochastic_rounding`` the
+StochasticRounding pass set (transforms/stochastic_rounding.py) compute in float32 and round
+their float16 results with ``stochastic_round``; their last input is then the session's
+``randomSeed___`` tensor ([seed, micro-batch counter], distinct per replica), so the draws are
+reproducible for a seed, new every micro-batch, different per replica and per op.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+__all__ = ["rounding_generator", "split_seed", "stochastic_round"]
+
+
+def split_seed(op, xs: tuple) -> tuple[tuple, torch.Tensor | None]:
+    """The kernel inputs without the trailing random seed, and the seed (None when the op does
+    not round stochastically)."""
+    if op.settings.stochastic_rounding:
+        return xs[:-1], xs[-1]
+    return xs, None
+
+
+def rounding_generator(op, seed: torch.Tensor) -> torch.Generator:
+    """A generator for ``op``'s draws in this micro-batch: the user seed, the micro-batch
+    counter (which differs per replica) and the op's name mixed into one 63-bit seed."""
+    user_seed, counter = (int(v) for v in seed.reshape(-1)[:2])
+    name = zlib.crc32(op.debug_name.encode("utf-8"))
+    mixed = (user_seed * 0x9E3779B97F4A7C15 + counter * 0xBF58476D1CE4E5B9 + name) % (2**63)
+    return torch.Generator().manual_seed(mixed)
+
+
+def stochastic_round(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """float16 of ``x`` (float32) rounded stochastically: each element goes to its upper float16
+    neighbour with probability (x - lo) / (hi - lo), else to the lower one. Exact values stay,
+    non-finite values and values beyond the float16 range round to nearest (inf)."""
+    x = x.float()
+    nearest = x.to(torch.float16)
+    back = nearest.float()
+    toward = torch.where(back > x, torch.full_like(nearest, float("-inf")),
+                         torch.full_like(nearest, float("inf")))
+    other = torch.nextafter(nearest, toward)
+    lo = torch.minimum(nearest.float(), other.float())
+    hi = torch.maximum(nearest.float(), other.float())
+    span = hi - lo
+    p_up = torch.where(span > 0, (x - lo) / span, torch.zeros_like(x))
+    draw = torch.rand(x.shape, generator=generator)
+    rounded = torch.where(draw < p_up, hi, lo).to(torch.float16)
+    keep = (back == x) | ~torch.isfinite(back) | ~torch.isfinite(hi) | ~torch.isfinite(lo)
+    return torch.where(keep, nearest, rounded)
