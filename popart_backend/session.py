@@ -24,7 +24,7 @@ from .dataflow import DataFlow, anchor_shape
 from .device.analysis import DeviceModel, analyse
 from .device.distributed import check_global_replication, replica_comm
 from .device.lower import Program, lower
-from .device.manager import DeviceConnectionType
+from .device.manager import DeviceConnectionType, DeviceInfo
 from .device.simulator import SimulatedDevice
 from .device.transfers import BatchInfo
 from .errors import popart_exception, popart_runtime_error
@@ -91,6 +91,12 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
             raise popart_exception(
                 f"{type(self).__name__}: deviceInfo is None (no device was acquired). Use "
                 f"DeviceManager().createCpuDevice() or acquireAvailableDevice(...)."
+            )
+        if not isinstance(deviceInfo, DeviceInfo):
+            raise popart_exception(
+                f"{type(self).__name__}: deviceInfo must be a DeviceInfo from the DeviceManager "
+                f"(createCpuDevice(), createIpuModelDevice(...), acquireAvailableDevice(...)), "
+                f"not {type(deviceInfo).__name__}."
             )
         if not isinstance(inputShapeInfo, InputShapeInfo):
             raise popart_exception(
@@ -400,6 +406,11 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
                             self._replication_factor)
 
     def setRandomSeed(self, seedValue: int) -> None:  # noqa: N802,N803
+        if isinstance(seedValue, bool) or not isinstance(seedValue, (int, np.integer)):
+            raise popart_exception(
+                f"setRandomSeed: the seed must be an int, got {type(seedValue).__name__} "
+                f"{seedValue!r}."
+            )
         self._random_seed = int(seedValue)
         if self._device is not None:
             self._device.set_seed(self._random_seed)

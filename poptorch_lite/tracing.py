@@ -283,9 +283,8 @@ def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedMod
             buffers.refuse_data_updates(exc)
             raise Error(
                 f"torch.export could not capture the model: {type(exc).__name__}: "
-                f"{_first_lines(str(exc), 12)}\nData-dependent Python (.item(), int(t), "
-                f"`if t.sum() > 0`) cannot be compiled for the IPU: use torch.where or move it "
-                f"out of forward.", type="trace_error") from exc
+                f"{_first_lines(str(exc), 12)}\n{_export_hint(exc)}",
+                type="trace_error") from exc
         _drop_dynamo_markers(ep)
         try:
             program = torch.onnx.export(ep, dynamo=True, optimize=False, opset_version=OPSET,
@@ -379,6 +378,19 @@ def _drop_dynamo_markers(ep) -> None:
             if custom and any(k.startswith("_torchdynamo_disable") for k in custom):
                 node.meta["custom"] = {k: v for k, v in custom.items()
                                        if not k.startswith("_torchdynamo_disable")}
+
+
+def _export_hint(exc: Exception) -> str:
+    """What to do about an export failure: data-dependent control flow, or else an error
+    ``forward`` itself raised on inputs of the call's shapes and dtypes."""
+    text = f"{type(exc).__name__} {exc}".lower()
+    if any(word in text for word in ("data-dependent", "data dependent", "guard", "symbool",
+                                     "symint", "unbacked")):
+        return ("Data-dependent Python (.item(), int(t), `if t.sum() > 0`) cannot be compiled "
+                "for the IPU: use torch.where or move it out of forward.")
+    return ("forward raised this error when traced with inputs of the call's shapes and "
+            "dtypes (one micro-batch each): check that the inputs fit the model. Data-dependent "
+            "Python (.item(), `if t.sum() > 0`) cannot be compiled either: use torch.where.")
 
 
 def _export_torchscript(model, args, kwargs, micro, signature) -> TracedModel:

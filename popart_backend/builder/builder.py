@@ -360,6 +360,12 @@ class Builder(BuilderAnnotations):
                 f"variableSettings, debugContext); got extra {args[1:]!r} {sorted(kwargs)}."
             )
         array = np.asarray(initVal)
+        if array.dtype == object and not all(isinstance(v, (str, bytes)) for v in array.flat):
+            raise popart_exception(
+                "addInitializedInputTensor: an object array can only hold strings (a STRING "
+                f"tensor); got {sorted({type(v).__name__ for v in array.flat})}. Give a numpy "
+                f"array of numbers or strings."
+            )
         DataType.from_numpy(array.dtype)  # raises for dtypes ONNX cannot hold
         if not isinstance(debugContext, str):
             raise popart_exception("addInitializedInputTensor: debugContext must be a string.")

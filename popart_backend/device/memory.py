@@ -256,7 +256,8 @@ def compute_memory(graph: Graph, order: Sequence[Op], spec: IpuSpec,
     on_io = set(io_tile_buffers)
     if effects.early_var_updates:  # delayVarUpdates = False
         order = early_var_update_order(graph, order)
-    order = early_op_order(graph, order)  # decomposeGradSum's Adds (transforms/)
+    # decomposeGradSum's Adds, scheduleNonWeightUpdateGradientConsumersEarly's consumers
+    order = early_op_order(graph, order, effects.early_ops)
     order = recompute_late_order(order)
     position = {op.id: i for i, op in enumerate(order)}
     last = len(order) - 1

@@ -27,6 +27,9 @@ once from SessionOptions by ``option_model`` for device/memory.py and device/cos
 - ``accumulateOuterFragmentSettings.schedule`` OverlapCycleOptimized / OverlapMemoryOptimized:
   the outer-fragment ops of the IPUs not in ``excludedVirtualGraphs`` run in parallel, so the
   weight update takes the slowest IPU's cycles instead of their sum (device/cost.py).
+- ``scheduleNonWeightUpdateGradientConsumersEarly``: the ops that read a gradient but are
+  not weight updates (accumulators, reductions) run right after their inputs in the liveness
+  walk's order, so the gradients they read die early; the executed schedule is unchanged.
 - ``enableSerializedMatmuls`` = False: the per-op matmul serialisations
   (``OpSettings.serialize_matmul``) are not planned; device/planner.py sees plain matmuls.
 - ``replicatedCollectivesSettings.merge*Collectives``: the collectives of that kind in one
@@ -83,6 +86,9 @@ class OptionModel:
     merged_updates: tuple[tuple[int, ...], ...] = ()
     # accumulateOuterFragmentSettings: IPUs whose outer-fragment ops overlap (device/cost.py).
     outer_overlap_ipus: frozenset[int] = frozenset()
+    # scheduleNonWeightUpdateGradientConsumersEarly: ops the liveness walk runs right after
+    # their inputs (``early_op_order``).
+    early_ops: frozenset[int] = frozenset()
 
     def merged_follower(self, op: Op) -> bool:
         """An update merged into an earlier one of its group: it pays no sync of its own."""
@@ -125,7 +131,27 @@ def option_model(ir: Ir, order: Sequence[Op], options, keep: Iterable[str] = ())
         serialized_matmuls=bool(options.enableSerializedMatmuls),
         merged_updates=tuple(merge_groups(graph, order, options)),
         outer_overlap_ipus=_outer_overlap(order, options),
+        early_ops=(_gradient_consumers(order)
+                   if options.scheduleNonWeightUpdateGradientConsumersEarly else frozenset()),
     )
+
+
+def _gradient_consumers(order: Sequence[Op]) -> frozenset[int]:
+    """Ops of the Normal fragment that read a gradient (an output of an op autodiff made, or of
+    another such consumer) and are neither gradient ops themselves nor weight updates: the
+    named-gradient copies, accumulators, reductions, gradient statistics."""
+    gradients: set[str] = set()
+    early: set[int] = set()
+    for op in order:
+        outs = {t.id for t in op.outputs if t is not None}
+        if op.grad_of is not None:
+            gradients |= outs
+        elif (not _updates_weight(op)
+              and op.settings.execution_context is ExecutionContext.Normal
+              and any(t is not None and t.id in gradients for t in op.inputs)):
+            early.add(op.id)
+            gradients |= outs
+    return frozenset(early)
 
 
 _OVERLAP = (AccumulateOuterFragmentSchedule.OverlapCycleOptimized,
@@ -191,17 +217,25 @@ def early_var_update_order(graph: Graph, order: Sequence[Op]) -> list[Op]:
     return out
 
 
-def early_op_order(graph: Graph, order: Sequence[Op]) -> list[Op]:
-    """``order`` with each op marked ``early_in_liveness`` moved to just after the last op it
-    depends on (its inputs' producers and its scheduling constraints), in order, so a valid
-    schedule stays valid. The liveness walk's order, as ``early_var_update_order``."""
+def early_op_order(graph: Graph, order: Sequence[Op],
+                   extra: frozenset[int] = frozenset()) -> list[Op]:
+    """``order`` with each op marked ``early_in_liveness`` (or in ``extra``) moved to just after
+    the last op it depends on (its inputs' producers and its scheduling constraints), in order,
+    so a valid schedule stays valid. The liveness walk's order, as ``early_var_update_order``."""
     ops = list(order)
-    if not any(op.settings.early_in_liveness for op in ops):
+
+    def early(op: Op) -> bool:
+        return op.settings.early_in_liveness or op.id in extra
+
+    if not any(early(op) for op in ops):
         return ops
-    out = [op for op in ops if not op.settings.early_in_liveness]
-    for op in (op for op in ops if op.settings.early_in_liveness):
+    out = [op for op in ops if not early(op)]
+    for op in (op for op in ops if early(op)):
         deps = {t.producer.id for t in op.inputs if t is not None and t.producer is not None}
-        deps |= set(graph.constraints.get(op.id, ()))
+        # Constraints from another fragment order separate programs, not this one.
+        deps |= {i for i in graph.constraints.get(op.id, ()) if i in graph.ops
+                 and graph.ops[i].settings.execution_context
+                 is op.settings.execution_context}
         last = max((k for k, other in enumerate(out) if other.id in deps), default=-1)
         out.insert(last + 1, op)
     return out

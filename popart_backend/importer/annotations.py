@@ -91,7 +91,7 @@ def check_supported(op, where: str) -> dict:
     other than MatMul, a memory proportion on an op without a planner (``uses_amp``)."""
     reset: dict = {}
     s = op.settings
-    if s.half_partials and not op.supports_half_partials:
+    if s.half_partials and not (op.supports_half_partials or op.supports_conv_half_partials):
         _log_once(f"partials:{op.op_type}", "%s: __partials_type \"half\" has no effect on a "
                   "%s in the simulated IPU (it accumulates in float32).", where, op.op_type)
         reset["half_partials"] = False

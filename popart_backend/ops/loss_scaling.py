@@ -38,6 +38,7 @@ def _check_stats(op, stats) -> None:
 class LossScaleHistogram(Op):
     """stats += (1, upper-bin count, element count); finite = no gradient overflowed."""
 
+    public = False  # added by the automatic loss scaling pass only
     modifies_inputs = (0,)
     foldable = False
 

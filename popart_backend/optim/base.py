@@ -47,6 +47,12 @@ class Optimizer:
             k: OptimizerValueMap(OptimizerValue(d, True)) for k, (_, d) in self.KEYS.items()
         }
         self._loss_scaling = OptimizerValue(1.0, True)
+        if values is not None and not isinstance(values, dict):
+            raise popart_exception(
+                f"{name}: the values must be a dict {{key: (value, isConst)}}, e.g. "
+                f"{{'defaultLearningRate': (0.1, False)}}; got {type(values).__name__} "
+                f"{values!r}."
+            )
         for key, raw in dict(values or {}).items():
             value = _as_value(raw, f"{name} key '{key}'")
             if key == LOSS_SCALING_KEY:

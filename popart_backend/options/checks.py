@@ -96,9 +96,9 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "serializedPoprithmsAnnealGraphsDir": no_effect("there is no poprithms shift graph"),
     # False: weight updates as early as they can go in the liveness order (device/option_model.py).
     "delayVarUpdates": ByMode(no_effect("inference has no variable updates"), BUILT),
-    "scheduleNonWeightUpdateGradientConsumersEarly": pending(
-        6, "schedule order in the liveness/memory model"
-    ),
+    # The liveness order runs gradient consumers early (device/option_model.py).
+    "scheduleNonWeightUpdateGradientConsumersEarly": ByMode(
+        no_effect(_INFERENCE_ONLY_GRADS), BUILT),
     # Gradient sums as chains of Adds (transforms/decompose_grad_sum.py).
     "decomposeGradSum": ByMode(no_effect(_INFERENCE_ONLY_GRADS), BUILT),
     "aliasZeroCopy": no_effect(

@@ -5,11 +5,12 @@ no effect in the simulator's model:
 
 - ``"partialsType"`` ("float" / "half", any case): in ``matmulOptions``, "half" makes the
   float16 matmuls accumulate in float16, exactly as ``partialsTypeMatMuls = "half"`` does
-  (transforms/numerics_options.py). The simulated convolutions and LSTMs have no float16
-  accumulation, so "half" there is refused as not built yet; "float" is what they do.
+  (transforms/numerics_options.py); in ``convolutionOptions`` it does the same for the float16
+  1-D and 2-D convolutions (their gradients keep float32 partials, logged). The simulated
+  LSTMs have no float16 accumulation, so "half" there is refused as not built yet.
 - ``"availableMemoryProportion"`` (a number in (0, 1]): the budget of a planner's temporary
-  memory. The model has no convolution/matmul planner temporaries, so, like
-  ``builder.setAvailableMemoryProportion``, it changes no modelled number: logged once.
+  memory. Only the per-op setting (``builder.setAvailableMemoryProportion``, MultiConv) is
+  modelled (device/planner.py); the session-wide key is checked and logged once.
 - any other key: logged once as having no effect.
 """
 
@@ -19,7 +20,7 @@ import logging
 
 from ..errors import NotImplementedOptionError, popart_exception
 
-__all__ = ["check_planning_options", "matmul_half_partials"]
+__all__ = ["check_planning_options", "conv_half_partials", "matmul_half_partials"]
 
 _log = logging.getLogger("popart:session")
 _PLANNING_DICTS = ("convolutionOptions", "matmulOptions", "lstmOptions")
@@ -51,11 +52,10 @@ def check_planning_options(options) -> None:
         for key, value in getattr(options, where).items():
             if key == "partialsType":
                 kind = _partials(where, value)
-                if kind == "half" and where != "matmulOptions":
-                    what = "convolutions" if where == "convolutionOptions" else "LSTMs"
+                if kind == "half" and where == "lstmOptions":
                     raise NotImplementedOptionError(
                         f"SessionOptions.{where}['partialsType'] = {value!r}: float16 partials "
-                        f"of {what} are not built yet (the simulated {what} accumulate in "
+                        f"of LSTMs are not built yet (the simulated LSTMs accumulate in "
                         f"float32). Use \"float\" or leave the key out."
                     )
             elif key == "availableMemoryProportion":
@@ -68,11 +68,18 @@ def check_planning_options(options) -> None:
                         f"SessionOptions.{where}['availableMemoryProportion'] = {value!r}: use "
                         f"a number in (0, 1], as a string (e.g. \"0.6\")."
                     )
-                _log_once(where, key, "the model has no planner temporaries to budget (as "
-                                      "builder.setAvailableMemoryProportion)")
+                _log_once(where, key, "only the per-op proportion is modelled; set it with "
+                                      "builder.setAvailableMemoryProportion on each op")
             else:
                 _log_once(where, key, "the simulator has no Poplar planner to pass it to")
     matmul_half_partials(options)
+
+
+def conv_half_partials(options) -> bool:
+    """Whether ``convolutionOptions["partialsType"]`` asks the float16 convolutions (forward,
+    1-D and 2-D) to accumulate in float16."""
+    value = options.convolutionOptions.get("partialsType")
+    return value is not None and _partials("convolutionOptions", value) == "half"
 
 
 def matmul_half_partials(options) -> bool:

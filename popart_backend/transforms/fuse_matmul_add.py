@@ -29,6 +29,8 @@ LinearBias's gradient is one mm per operand plus a row sum for the bias, as addm
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..ops.fused import LinearBias
 from .fuse_common import is_float, only_consumer, other_input, replace_chain, same_placement
 
@@ -113,10 +115,17 @@ class FuseMatMulAdd:
         inputs = [x.id, w.id]
         if bias is not None:
             inputs.append(bias.id if bias.info.rank == 1 else self._flat_bias(graph, bias))
+        settings = mm.settings
+        if bias is not None:
+            # The Add's name and placement; the product's plan (available memory proportion,
+            # serialisation) is the MatMul's.
+            settings = dataclasses.replace(
+                add.settings, available_memory_proportion=mm.settings.available_memory_proportion,
+                serialize_matmul=mm.settings.serialize_matmul)
         fused = LinearBias(
             LinearBias.Attrs(transposed_weight=int(transposed is not None),
                              activation="relu" if relu else "none"),
-            add.settings if bias is not None else mm.settings,
+            settings,
             [graph.tensors[i].info for i in inputs],
             out.info,
         )

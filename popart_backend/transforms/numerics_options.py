@@ -19,6 +19,10 @@
   MatMulLhsGrad, MatMulRhsGrad, GemmGrad) with float16 operands, before the fusions, which
   leave marked ones alone; in training it runs again after autodiff for the gradient products. Their kernels then accumulate in float16 (ops/matmul.py); float32
   products are unaffected. "float" and "" keep float32 partials.
+- ``convolutionOptions["partialsType"] = "half"``: ``HalfPartialConvs`` marks the float16 1-D and
+  2-D Conv ops (class ``supports_conv_half_partials``) the same way; their kernels then sum in
+  float16 (ops/conv.py ``half_partials_conv``). In training it runs again after autodiff to
+  clear the mark the gradient ops (ConvGrad) inherited, logged once: they keep float32 partials.
 - ``opxModifyChecking`` / ``opxAliasChecking``: ``KernelChecks`` (last, like the floating-point
   checks) marks every op (``OpSettings.checks``); the execution plan (device/plan.py ``modify_checked``,
   ``alias_checked``) then raises ``popart_internal_exception`` when a kernel changes an input
@@ -37,6 +41,7 @@ After:   y', m, s = GroupNorm(Gather(x, p, 1), Gather(w, p), Gather(b, p)); y = 
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 
@@ -46,6 +51,8 @@ from ..ir.ir import Ir
 from ..ir.op import Op
 from ..ir.tensor import Tensor
 from ..ops.registry import AI_GRAPHCORE, create_op
+
+_log = logging.getLogger("popart:transform")
 
 
 class NonStableSoftmax:
@@ -161,6 +168,40 @@ class HalfPartialMatMuls:
                     _mark(op, half_partials=True)
                     changed = True
         return changed
+
+
+class HalfPartialConvs:
+    """Pass: mark the float16 convolutions to accumulate in float16 (convolutionOptions
+    partialsType "half"); with ``unmark_unsupported`` (after autodiff) it also clears the mark
+    gradient ops inherited from their forward op but cannot honour (ConvGrad), logged once."""
+
+    name = "half_partial_convs"
+
+    def __init__(self, unmark_unsupported: bool = False):
+        self.unmark_unsupported = unmark_unsupported
+
+    def run(self, ir: Ir) -> bool:
+        changed = False
+        for graph in ir.graphs.values():
+            for op in graph.ops.values():
+                if (op.supports_conv_half_partials and op.inputs[0] is not None
+                        and op.inputs[0].info.dtype is DataType.FLOAT16
+                        and op.inputs[0].info.rank in (3, 4) and not op.settings.half_partials
+                        and not self.unmark_unsupported):
+                    _mark(op, half_partials=True)
+                    changed = True
+                elif (self.unmark_unsupported and op.settings.half_partials
+                      and not (op.supports_half_partials or op.supports_conv_half_partials)):
+                    if op.op_type not in _UNMARKED:
+                        _UNMARKED.add(op.op_type)
+                        _log.warning("%s: float16 partials are not built for %s; it "
+                                     "accumulates in float32.", op.debug_name, op.op_type)
+                    _mark(op, half_partials=False)
+                    changed = True
+        return changed
+
+
+_UNMARKED: set[str] = set()
 
 
 def _mark(op: Op, **flags) -> None:

@@ -23,7 +23,7 @@ from ..ir.tensor import TensorInfo, TensorKind, TensorRole
 from ..ir.verify import verify
 from ..dtypes import DataType
 from ..ops.registry import create_op
-from ..options.planning import matmul_half_partials
+from ..options.planning import conv_half_partials, matmul_half_partials
 from .apply_patterns import ApplyPatterns
 from .autodiff import GRADIENT_PREFIX, Autodiff
 from .const_fold import FoldConstants
@@ -36,8 +36,8 @@ from .fuse_layer_norm import FuseLayerNorm
 from .fuse_matmul_add import FuseMatMulAdd
 from .grad_accumulation import OUTER, AccumulateGradients, ResetAccumulators, reduction_factors
 from .inplace import InplaceVariants
-from .numerics_options import (FloatingPointChecks, HalfPartialMatMuls, KernelChecks,
-                               NonStableSoftmax, StridedGroupNorm)
+from .numerics_options import (FloatingPointChecks, HalfPartialConvs, HalfPartialMatMuls,
+                               KernelChecks, NonStableSoftmax, StridedGroupNorm)
 from .ipu_copy import InsertIpuCopies
 from .pipelining import AssignPipelineStages, InsertPipelineStashes
 from .auto_loss_scaling import AutomaticLossScaling
@@ -98,6 +98,8 @@ def numerics_passes(options) -> list:
         passes.append(StridedGroupNorm())
     if half_partials(options):
         passes.append(HalfPartialMatMuls())
+    if conv_half_partials(options):
+        passes.append(HalfPartialConvs())
     return passes
 
 
@@ -170,6 +172,8 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
                     ApplyPatterns(), AssignVirtualGraphs(placement), Autodiff(loss_id, seed)]
     if half_partials(options):
         passes.append(HalfPartialMatMuls())  # the gradient products autodiff added
+    # Gradient ops inherit their forward op's settings: clear half partials they cannot honour.
+    passes.append(HalfPartialConvs(unmark_unsupported=True))
     if options.decomposeGradSum:
         passes.append(DecomposeGradSums())  # the gradient sums autodiff added
     if not const_scaling:

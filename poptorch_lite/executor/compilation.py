@@ -446,11 +446,25 @@ def find_loss(traced: tracing.TracedModel) -> str:
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:
-        raise Error("no loss found in the traced graph; return a torch loss or wrap your "
-                    "expression in poptorch_lite.identity_loss (the loss must be among "
-                    "forward's returned values).")
+        raise Error("no loss found in the traced graph: a training model's forward must return "
+                    "its loss, a 0-d float32 or float16 tensor (or one wrapped in "
+                    "poptorch_lite.identity_loss), among its returned values; forward returned "
+                    f"{_describe_outputs(outputs, shapes)}.")
     raise Error(f"{len(candidates)} independent losses ({', '.join(candidates)}); combine them "
                 f"and wrap the sum in poptorch_lite.identity_loss.")
+
+
+def _describe_outputs(outputs: list[str], types: dict) -> str:
+    """``forward``'s outputs as "'name' dtype[shape]", for the no-loss error."""
+    parts = []
+    for name in outputs:
+        kind = types[name]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(kind.elem_type).name if kind.elem_type \
+            else "?"
+        dims = [d.dim_value if d.HasField("dim_value") else "?" for d in kind.shape.dim] \
+            if kind.HasField("shape") else "?"
+        parts.append(f"'{name}' {dtype}{dims}")
+    return ", ".join(parts) if parts else "no tensors"
 
 
 _NO_REDUCTION = 2  # IdentityLoss's reduction attribute: 0 sum, 1 mean, 2 none

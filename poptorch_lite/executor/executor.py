@@ -85,6 +85,10 @@ class PoplarExecutor(ExecutableMixin, CompileMixin, RunMixin, StateSyncMixin,
                 f"Options.Training.gradientAccumulation({accumulation}) is only for training "
                 f"wrappers; an inference wrapper needs 1. Use Options.deviceIterations to run "
                 f"more batches per call.")
+        if training and not isinstance(optimizer, torch.optim.Optimizer):
+            raise Error(f"trainingModel: optimizer must be a torch.optim.Optimizer (e.g. "
+                        f"poptorch_lite.optim.SGD(model.parameters(), lr=0.01)), not "
+                        f"{type(optimizer).__name__} {optimizer!r}.")
         link = weight_sync.link_of(model)
         if training:
             if link.training is not None:

@@ -59,8 +59,10 @@ class RunMixin:
                                     f"is copied before each call.")
                     leaf = leaf.contiguous()
                 if leaf.dtype is torch.float64:
+                    # As PopTorch: the model is traced and run with float32 values.
                     self._warn_once("float64", f"Input {spec.path} is float64; the IPU has no "
                                     f"64-bit floats, so it is cast to float32.")
+                    leaf = leaf.to(torch.float32)
             out.append(leaf)
         return out
 

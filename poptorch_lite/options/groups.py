@@ -175,7 +175,9 @@ class _Precision(_DictGroup):
 
     def _to_backend(self, opts: popart.SessionOptions) -> None:
         if self._get("partialsType") == "half":
+            # PopTorch's partials type covers the matmuls and the convolutions.
             opts.partialsTypeMatMuls = "half"
+            opts.convolutionOptions = {**opts.convolutionOptions, "partialsType": "half"}
         if self._get("floatingPointExceptions"):
             opts.enableFloatingPointChecks = True
         if self._get("stochasticRounding"):

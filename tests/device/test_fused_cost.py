@@ -87,3 +87,15 @@ def test_linear_bias_grads_cost_their_matmul(grad_type, other):
     cycles = op_cycles(grad, IPU2).cycles
     assert grad.cost()[0] == 2 * m * n * k
     assert 0.8 * matmul <= cycles <= 1.25 * matmul, (cycles, matmul)
+
+
+def test_linear_bias_keeps_the_matmuls_available_memory_proportion():
+    """The fused op plans its product as the MatMul asked (builder.setAvailableMemoryProportion),
+    so the planner's temporaries and passes still apply to it."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], __available_memory=0.1),
+             helper.make_node("Add", ["m", "b"], ["y"])]
+    ir = _ir(nodes, [("x", [512, 1024])], [("w", [1024, 1024]), ("b", [1024])])
+    assert FuseMatMulAdd().run(ir)
+    [fused] = ir.main.ops.values()
+    assert fused.op_type == "LinearBias"
+    assert fused.settings.available_memory_proportion == 0.1

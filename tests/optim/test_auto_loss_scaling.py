@@ -29,7 +29,7 @@ def _session(x_value: float, scale: float, update_period: int = 1, const=False,
     options = popart.SessionOptions()
     options.automaticLossScalingSettings = popart.AutomaticLossScalingSettings(
         enabled=True, updatePeriod=update_period, thresholdUpperCountProportion=threshold)
-    optimizer = popart.SGD({"defaultLearningRate": (1e-7, True),
+    optimizer = popart.SGD({"defaultLearningRate": (1e-4, True),
                             "lossScaling": (scale, const)})
     session = popart.TrainingSession(
         fnModel=builder.getModelProto(), dataFlow=popart.DataFlow(1, {}), loss=loss,
@@ -42,10 +42,13 @@ def _session(x_value: float, scale: float, update_period: int = 1, const=False,
     def step() -> float:
         session.run(popart.PyStepIO({x: feed}, session.initAnchorArrays()))
         session.weightsToHost()
-        out = {SCALE_ID: np.zeros((), np.float32)}
+        out = {SCALE_ID: np.zeros((), np.float32), w: np.zeros((FEATURES, OUT), np.float16)}
         session.readWeights(popart.PyWeightsIO(out))
+        weights.append(out[w])
         return float(out[SCALE_ID])
 
+    weights: list[np.ndarray] = []
+    step.weights = weights
     return step
 
 
@@ -55,7 +58,8 @@ def _expected(x_value: float, scale: float, steps: int, period: int = 1) -> list
     clamp to [1, 2**15]."""
     out, upper, seen = [], 0, 0
     for _ in range(steps):
-        grad = np.float16(scale * BATCH * x_value)
+        with np.errstate(over="ignore"):
+            grad = np.float16(scale * BATCH * x_value)
         upper += int(not np.isfinite(grad) or abs(float(grad)) >= F16_MAX)
         seen += 1
         if seen == period:
@@ -80,6 +84,14 @@ def test_overflowing_gradients_lower_the_scale():
     actual = [step() for _ in range(6)]
     assert actual == _expected(100.0, 1024.0, 6)
     assert actual[0] == 512.0 and min(actual) < 512.0
+    # The overflowing updates were skipped: the weights stay finite, unchanged by the first
+    # two steps, and move (by lr * 200 per element, float16-rounded) on the third.
+    start = np.full((FEATURES, OUT), 0.5, np.float16)
+    np.testing.assert_array_equal(step.weights[0], start)
+    np.testing.assert_array_equal(step.weights[1], start)
+    assert all(np.isfinite(w).all() for w in step.weights)
+    np.testing.assert_allclose(step.weights[2].astype(np.float32), 0.5 - 1e-4 * BATCH * 100.0,
+                               atol=1e-3)
 
 
 def test_update_period_waits_for_the_period():
