@@ -20,23 +20,24 @@ import dataclasses
 import inspect
 import io
 import logging
-import re
-import traceback
 import warnings
 from typing import Any
 
 import onnx
-import popart_backend as popart
 import torch
 import torch.fx.traceback as fx_traceback
 from onnx import helper
 from torch.export.graph_signature import InputKind, TensorArgument
 from torch.utils import _pytree as pytree
 
-from . import blocks, buffers, ops, translations
-from .errors import Error, is_library_file, location_from_stack_trace
+import popart_backend as popart
 
-__all__ = ["TracedModel", "InputSignature", "trace", "unsupported_nodes"]
+from . import blocks, buffers, export_errors, ops, translations
+from .errors import Error, location_from_stack_trace
+from .signatures import InputSignature, LeafSpec, bind_inputs, check_combined_batch, flatten_inputs
+
+__all__ = ["InputSignature", "LeafSpec", "TracedModel", "bind_inputs", "check_combined_batch",
+           "flatten_inputs", "trace", "unsupported_nodes"]
 
 _log = logging.getLogger("poptorch_lite")
 
@@ -47,94 +48,6 @@ STAGE_ATTR = "__pipeline_stage"
 _STACK_KEY = "pkg.torch.onnx.stack_trace"
 _SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 _FX_NODE_KEY = "pkg.torch.onnx.fx_node"
-
-
-# --- input signatures ------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class LeafSpec:
-    """One flattened input leaf: a tensor (dtype, full host shape) or a constant value."""
-
-    path: str
-    is_tensor: bool
-    dtype: torch.dtype | None = None
-    shape: tuple[int, ...] = ()
-    value: Any = None
-
-    def describe(self) -> str:
-        if self.is_tensor:
-            return f"{str(self.dtype).replace('torch.', '')}{list(self.shape)}"
-        return repr(self.value)
-
-
-@dataclasses.dataclass(frozen=True)
-class InputSignature:
-    """The flattened ``(args, kwargs)`` of one call, named by ``forward``'s signature."""
-
-    treedef: Any
-    leaves: tuple[LeafSpec, ...]
-
-    def key(self):
-        return (str(self.treedef), tuple(
-            (leaf.path, leaf.is_tensor, leaf.dtype, leaf.shape,
-             None if leaf.is_tensor else repr(leaf.value)) for leaf in self.leaves))
-
-
-def bind_inputs(forward, args: tuple, kwargs: dict) -> dict:
-    """``forward``'s arguments by name with defaults filled; raises Error on a bad call."""
-    signature = inspect.signature(forward)
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError as exc:
-        raise Error(f"The call does not match forward{signature}: {exc}.") from None
-    bound.apply_defaults()
-    return dict(bound.arguments)
-
-
-def flatten_inputs(named: dict) -> tuple[list, InputSignature]:
-    """Leaves (tensors and constants) and the signature describing them."""
-    leaves_with_paths, treedef = pytree.tree_flatten_with_path(named)
-    specs, leaves = [], []
-    for path, leaf in leaves_with_paths:
-        name = _path_name(path)
-        if isinstance(leaf, torch.Tensor):
-            specs.append(LeafSpec(name, True, leaf.dtype, tuple(leaf.shape)))
-        else:
-            specs.append(LeafSpec(name, False, value=leaf))
-        leaves.append(leaf)
-    return leaves, InputSignature(treedef, tuple(specs))
-
-
-def _path_name(path) -> str:
-    text = ""
-    for i, entry in enumerate(path):
-        part = pytree.keystr((entry,))
-        if i == 0 and part.startswith("['") and part.endswith("']"):
-            text += part[2:-2]
-        else:
-            text += part
-    return text
-
-
-def check_combined_batch(signature: InputSignature, options) -> int:
-    """Each batched tensor's dim 0 must be a multiple of N·R·G (P24); returns that product."""
-    n = options.device_iterations
-    r = options.replication_factor
-    group = options.input_replica_grouping[0]
-    g = options.Training.gradient_accumulation
-    factor = n * options.input_replicas * g
-    for leaf in signature.leaves:
-        if not leaf.is_tensor or not leaf.shape:
-            continue
-        if leaf.shape[0] % factor:
-            raise Error(
-                f"input {leaf.path}: batch dimension {leaf.shape[0]} is not a multiple of "
-                f"deviceIterations({n}) × replicationFactor({r})/input_group_size({group}) × "
-                f"gradientAccumulation({g}) = {factor}. Each call takes micro-batch × "
-                f"deviceIterations × replicas × gradientAccumulation samples in dim 0: "
-                f"pass {factor}·B rows, e.g. with poptorch_lite.DataLoader(options, ...).")
-    return factor
 
 
 # --- the traced model --------------------------------------------------------------------------
@@ -279,11 +192,11 @@ def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedMod
         try:
             ep = torch.export.export(model, args, kwargs, strict=False)
         except Exception as exc:  # every export failure is reported with the hint below
-            _refuse_unsupported_loss(exc, excludes)
+            export_errors.refuse_unsupported_loss(exc, excludes)
             buffers.refuse_data_updates(exc)
             raise Error(
                 f"torch.export could not capture the model: {type(exc).__name__}: "
-                f"{_first_lines(str(exc), 12)}\n{_export_hint(exc)}",
+                f"{export_errors.first_lines(str(exc), 12)}\n{export_errors.export_hint(exc)}",
                 type="trace_error") from exc
         _drop_dynamo_markers(ep)
         try:
@@ -293,7 +206,7 @@ def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedMod
                                             **translations.translation_table(),
                                             **ops.translation_table()})
         except Exception as exc:  # the exporter's ConversionError / TorchExportError ...
-            raise _conversion_error(exc, ep, excludes) from exc
+            raise export_errors.conversion_error(exc, ep, excludes) from exc
     buffers.check_assignments(mutations)
     proto = program.model_proto
     ops.control_flow.fix_trip_counts(proto.graph)  # for_loop: constant trip counts
@@ -380,19 +293,6 @@ def _drop_dynamo_markers(ep) -> None:
                                        if not k.startswith("_torchdynamo_disable")}
 
 
-def _export_hint(exc: Exception) -> str:
-    """What to do about an export failure: data-dependent control flow, or else an error
-    ``forward`` itself raised on inputs of the call's shapes and dtypes."""
-    text = f"{type(exc).__name__} {exc}".lower()
-    if any(word in text for word in ("data-dependent", "data dependent", "guard", "symbool",
-                                     "symint", "unbacked")):
-        return ("Data-dependent Python (.item(), int(t), `if t.sum() > 0`) cannot be compiled "
-                "for the IPU: use torch.where or move it out of forward.")
-    return ("forward raised this error when traced with inputs of the call's shapes and "
-            "dtypes (one micro-batch each): check that the inputs fit the model. Data-dependent "
-            "Python (.item(), `if t.sum() > 0`) cannot be compiled either: use torch.where.")
-
-
 def _export_torchscript(model, args, kwargs, micro, signature) -> TracedModel:
     """Legacy exporter (opt-in): data-dependent branches are frozen, names partly lost."""
     warnings.warn("Options.Jit.exporter('torchscript'): the legacy exporter freezes "
@@ -437,7 +337,8 @@ def _export_torchscript(model, args, kwargs, micro, signature) -> TracedModel:
         raise failure
     if failure is not None:
         raise Error(f"the legacy TorchScript exporter could not export the model: "
-                    f"{type(failure).__name__}: {_first_lines(str(failure), 12)}\nThe default "
+                    f"{type(failure).__name__}: "
+                    f"{export_errors.first_lines(str(failure), 12)}\nThe default "
                     f"exporter (Options.Jit.exporter('dynamo')) may support it.",
                     type="trace_error") from failure
     proto = onnx.load_from_string(buffer.getvalue())
@@ -459,66 +360,6 @@ def _export_torchscript(model, args, kwargs, micro, signature) -> TracedModel:
             sources.append(None)
     return TracedModel(proto, signature, in_names, output_names, out_spec, constants, sources,
                        param_map, {}, "torchscript")
-
-
-_FAILED_NODE = re.compile(r"Error when translating node %(\w+)\b")
-_FAILED_OP = re.compile(r"<OpOverload\(op='([\w.]+)', overload='(\w+)'\)>")
-
-
-def _conversion_error(exc: Exception, ep, excludes) -> Error:
-    """The ONNX exporter's failure as an Error naming the aten op and the user's line."""
-    chain, seen = [], set()
-    cause = exc
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        chain.append(str(cause))
-        cause = cause.__cause__ or cause.__context__
-    text = "\n".join(chain)
-    node_match, op_match = _FAILED_NODE.search(text), _FAILED_OP.search(text)
-    op = (f"{op_match.group(1)}.{op_match.group(2)}" if op_match else "")
-    location = ""
-    for node in ep.graph.nodes:
-        target = str(node.target)
-        if (node_match and node.name == node_match.group(1)) or (op and target == op):
-            op = op or target
-            location = location_from_stack_trace(node.meta.get("stack_trace") or "", excludes)
-            break
-    what = f"the op {op}" if op else "an op of the model"
-    summary = _first_lines(chain[-1], 3)
-    return Error(f"The ONNX export of the captured model failed at {what}: "
-                 f"{type(exc).__name__}: {summary}\nThis op has no ONNX form the IPU "
-                 f"backend can compile; rewrite that line with supported torch ops, or compute "
-                 f"it outside the model.", type="unsupported_op", location=location)
-
-
-# aten ops torch.export cannot capture (their output shape depends on the data) that are
-# losses of spec §2.8: refused by name rather than with the generic data-dependence hint.
-_UNSUPPORTED_LOSSES = {"aten._ctc_loss": "F.ctc_loss / nn.CTCLoss"}
-
-
-def _refuse_unsupported_loss(exc: Exception, excludes) -> None:
-    text = str(exc)
-    for aten, torch_name in _UNSUPPORTED_LOSSES.items():
-        if aten in text:
-            location = _user_frame(exc, excludes)
-            raise Error(f"{torch_name} is not supported on the IPU by poptorch_lite: "
-                        f"torch.export cannot capture {aten} (its output shapes depend "
-                        f"on the data). Compute the loss outside the model.",
-                        type="unsupported_op", location=location) from exc
-
-
-def _user_frame(exc: BaseException, excludes) -> str:
-    """``file:line (code)`` of the innermost user frame in ``exc``'s traceback or its causes."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-            if not frame.filename.startswith("<") and not is_library_file(frame.filename,
-                                                                          excludes):
-                code = (frame.line or "").strip()
-                return f"{frame.filename}:{frame.lineno}" + (f" ({code})" if code else "")
-        exc = exc.__cause__ or exc.__context__
-    return ""
 
 
 def _constants_as_nodes(proto: onnx.ModelProto, param_map: dict[str, str]) -> None:
@@ -543,11 +384,6 @@ def _constants_as_nodes(proto: onnx.ModelProto, param_map: dict[str, str]) -> No
     existing = list(proto.graph.node)
     del proto.graph.node[:]
     proto.graph.node.extend(nodes + existing)
-
-
-def _first_lines(text: str, count: int) -> str:
-    lines = text.strip().splitlines()
-    return "\n".join(lines[:count]) + ("\n..." if len(lines) > count else "")
 
 
 def _annotate_nodes(proto: onnx.ModelProto, fx_custom: dict, excludes) -> dict[str, str]:

@@ -17,6 +17,18 @@ effect, forward and gradient):
   indices ``(1 - ε)·nll + ε/C · reduce(-Σ_c w_c·logp_c)`` (ignored positions 0, the mean divided
   like the NLL term: by Σ w[target] of the kept positions), for probabilities
   ``reduce(-Σ_c w_c·logp_c·t'_c)`` with ``t' = t·(1 - ε) + ε/C`` and the mean over the positions.
+Translations for ATen ops torchlib cannot convert, or converts with other numbers than torch:
+
+- ``aten.rrelu_with_noise_functional`` (``F.rrelu``, ``nn.RReLU``): in evaluation the fixed
+  slope ``(lower + upper) / 2``; in training a slope drawn per negative element from
+  ``U(lower, upper)`` by the device generator (``RandomUniformLike``, seeded like Dropout).
+- ``aten.scatter_reduce.two``: "mean" (torchlib writes a plain scatter), and the gradients of
+  "amin"/"amax", which torch shares evenly between the tied maxima/minima. Those are written
+  as ``Detach(result) + (L - Detach(L))`` where ``L`` is linear in ``self`` and ``src`` with
+  torch's gradient weights: the forward values are the scatter's, the gradient is L's.
+- ``aten.arange.start_step`` with mixed integer/float arguments (``torch.arange(1, 4.0)``):
+  every argument is cast to the result dtype as torch computes it.
+- ``aten.add.Tensor`` of two bool tensors: torch's result is the logical or.
 """
 
 from __future__ import annotations
@@ -124,9 +136,141 @@ def _cross_entropy(self, target, weight=None, reduction: int = 1, ignore_index: 
     return loss
 
 
+def _rrelu_with_noise(self, noise, lower: float = 0.125, upper: float = 1.0 / 3.0,
+                      training: bool = False, generator=None):
+    """``F.rrelu``: returns (output, noise) as aten does; noise holds the slope used (1 where
+    the input is positive)."""
+    positive = op.Greater(self, _scalar(0.0, self))
+    if training:
+        slope = op.RandomUniformLike(self, low=float(lower), high=float(upper))
+        noise = op.Where(positive, _scalar(1.0, self), op.CastLike(slope, self))
+        return op.Mul(self, noise), noise
+    out = op.Where(positive, self, op.Mul(self, _scalar((lower + upper) / 2.0, self)))
+    return out, noise
+
+
+_INTEGER_TYPES = {ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT32, ir.DataType.INT64,
+                  ir.DataType.UINT8}
+
+
+def _extreme(dtype, largest: bool):
+    if dtype in _FLOAT_TYPES:
+        return math.inf if largest else -math.inf
+    info = torch.iinfo({ir.DataType.INT8: torch.int8, ir.DataType.INT16: torch.int16,
+                        ir.DataType.INT32: torch.int32, ir.DataType.UINT8: torch.uint8}.get(
+                            dtype, torch.int64))
+    return info.max if largest else info.min
+
+
+def _fill(value, like):
+    """A tensor of ``like``'s shape and dtype filled with ``value``."""
+    return op.Expand(op.CastLike(op.Constant(value_float=float(value)) if like.dtype in
+                                 _FLOAT_TYPES else op.Constant(value_int=int(value)), like),
+                     op.Shape(like))
+
+
+def _scatter_reduce(self, dim: int, index, src, reduce: str, include_self: bool = True):
+    """``aten.scatter_reduce.two`` with torch's values and gradients (see the module
+    docstring). ``hits`` counts the sources written to each position of ``self``."""
+    scalar_self = len(self.shape) == 0
+    if scalar_self:
+        flat = op.Constant(value_ints=[-1])
+        self, index, src = op.Reshape(self, flat), op.Reshape(index, flat), op.Reshape(src, flat)
+    hits = op.ScatterElements(_fill(0, self), index, _fill(1, src), axis=dim, reduction="add")
+    scattered = op.Greater(hits, _fill(0, hits))
+    onnx_reduce = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min",
+                   "mean": "add"}[reduce]
+    base = self
+    if not include_self:
+        neutral = {"add": 0, "mul": 1, "max": _extreme(self.dtype, False),
+                   "min": _extreme(self.dtype, True)}[onnx_reduce]
+        base = op.Where(scattered, _fill(neutral, self), self)
+    result = op.ScatterElements(base, index, src, axis=dim, reduction=onnx_reduce)
+    if reduce == "mean":
+        count = hits if not include_self else op.Add(hits, _fill(1, hits))
+        count = op.Max(count, _fill(1, count))
+        if self.dtype in _FLOAT_TYPES:
+            mean = op.Div(result, count)
+        else:  # torch floors the integer mean
+            as_float = op.Div(op.Cast(result, to=ir.DataType.DOUBLE),
+                              op.Cast(count, to=ir.DataType.DOUBLE))
+            mean = op.CastLike(op.Floor(as_float), self)
+        result = mean if include_self else op.Where(scattered, mean, self)
+    elif reduce in ("amax", "amin") and self.dtype in _FLOAT_TYPES:
+        result = _shared_extreme_gradient(self, dim, index, src, result, include_self,
+                                          scattered)
+    if scalar_self:
+        result = op.Reshape(result, op.Constant(value_ints=[]))
+    return result
+
+
+def _shared_extreme_gradient(self, dim, index, src, result, include_self, scattered):
+    """``result`` with torch's amax/amin gradient: the incoming gradient of a position is
+    divided by the number of values (self's and the sources') equal to its result."""
+    fixed = _GC.Detach(result)
+    value = op.GatherElements(fixed, index, axis=dim)
+    self_is = op.CastLike(op.Equal(_GC.Detach(self), fixed), self)
+    src_is = op.CastLike(op.Equal(_GC.Detach(src), value), src)
+    ties = op.ScatterElements(self_is, index, src_is, axis=dim, reduction="add")
+    self_weight = op.Div(self_is, ties)
+    if not include_self:
+        self_weight = op.Where(scattered, _fill(0, self), self_weight)
+    src_weight = op.Div(src_is, op.GatherElements(ties, index, axis=dim))
+    linear = op.Add(op.Mul(self, self_weight),
+                    op.ScatterElements(_fill(0, self), index, op.Mul(src, src_weight),
+                                       axis=dim, reduction="add"))
+    return op.Add(fixed, op.Sub(linear, _GC.Detach(linear)))
+
+
+def _is_integral(value) -> bool:
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, (int, float)):
+        return isinstance(value, int)
+    return value.dtype in _INTEGER_TYPES
+
+
+def _as_tensor(value, dtype):
+    if isinstance(value, (int, float)):
+        if dtype in _FLOAT_TYPES:
+            return op.Cast(op.Constant(value_float=float(value)), to=dtype)
+        return op.Cast(op.Constant(value_int=int(value)), to=dtype)
+    return op.Cast(value, to=dtype)
+
+
+def _arange_start_step(start, end, step=1, dtype: int = -1, layout: str = "",
+                       device: str = "", pin_memory: bool = False):
+    """``torch.arange(start, end, step)`` with torch's dtype rule: integer only when every
+    argument is; mixed arguments are computed in double (as torch's length and values are)."""
+    integral = all(_is_integral(v) for v in (start, end, step))
+    if dtype is None or dtype == -1:
+        dtype = ir.DataType.INT64 if integral else ir.DataType.FLOAT
+    dtype = ir.DataType(dtype)
+    if integral:
+        return op.Cast(op.Range(*(_as_tensor(v, ir.DataType.INT64) for v in (start, end, step))),
+                       to=dtype)
+    first, last, delta = (_as_tensor(v, ir.DataType.DOUBLE) for v in (start, end, step))
+    count = op.Ceil(op.Div(op.Sub(last, first), delta))
+    positions = op.Range(op.Constant(value_double=0.0), count, op.Constant(value_double=1.0))
+    return op.Cast(op.Add(first, op.Mul(positions, delta)), to=dtype)
+
+
+def _add(self, other, alpha: float = 1.0):
+    """``aten.add.Tensor``; two bool tensors give their logical or, as in torch."""
+    if self.dtype == ir.DataType.BOOL and other.dtype == ir.DataType.BOOL:
+        return op.Or(self, other)
+    if alpha != 1.0:
+        other = op.Mul(other, op.CastLike(op.Constant(value_float=float(alpha)), other))
+    return op.Add(self, other)
+
+
 _register_schemas()
 
 
 def translation_table() -> dict:
     return {torch.ops.aten.embedding.default: _embedding,
-            torch.ops.aten.cross_entropy_loss.default: _cross_entropy}
+            torch.ops.aten.cross_entropy_loss.default: _cross_entropy,
+            torch.ops.aten.rrelu_with_noise_functional.default: _rrelu_with_noise,
+            torch.ops.aten.scatter_reduce.two: _scatter_reduce,
+            torch.ops.aten.arange.start_step: _arange_start_step,
+            torch.ops.aten.add.Tensor: _add}

@@ -185,7 +185,9 @@ class Graph:
     # --- order --------------------------------------------------------------------------------
 
     def topo_order(self) -> list[Op]:
-        """Ops in a topological order, stable by op id (creation order breaks ties)."""
+        """Ops in a topological order. Among ops whose inputs are ready, the higher
+        ``settings.schedule_priority`` (PopART's ``__schedule_priority``) runs first; creation
+        order (op id) breaks ties."""
         pending = {
             op.id: sum(1 for t in op.inputs if t is not None and t.producer is not None)
             + len(self.constraints.get(op.id, ()))
@@ -195,11 +197,16 @@ class Graph:
         for later, befores in self.constraints.items():
             for before in befores:
                 after.setdefault(before, []).append(later)
-        ready = [op_id for op_id, n in pending.items() if n == 0]
+        ops = self.ops
+
+        def key(op_id: int) -> tuple[float, int]:
+            return -ops[op_id].settings.schedule_priority, op_id
+
+        ready = [key(op_id) for op_id, n in pending.items() if n == 0]
         heapq.heapify(ready)
         order = []
         while ready:
-            op = self.ops[heapq.heappop(ready)]
+            op = ops[heapq.heappop(ready)[1]]
             order.append(op)
             for t in op.outputs:
                 if t is None:
@@ -208,11 +215,11 @@ class Graph:
                 for consumer in t.consumers:
                     pending[consumer.id] -= 1
                     if pending[consumer.id] == 0:
-                        heapq.heappush(ready, consumer.id)
+                        heapq.heappush(ready, key(consumer.id))
             for later in after.get(op.id, ()):
                 pending[later] -= 1
                 if pending[later] == 0:
-                    heapq.heappush(ready, later)
+                    heapq.heappush(ready, key(later))
         if len(order) != len(self.ops):
             stuck = [self.ops[i].debug_name for i, n in pending.items() if n > 0][:5]
             raise popart_exception(f"Graph '{self.id}' has a cycle through ops {stuck}.")

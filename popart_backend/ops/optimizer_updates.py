@@ -51,6 +51,11 @@ class OptimizerUpdate(Op):
         self.modifies_inputs = (0, *range(2, 2 + len(self.STATE)))
         self._const = {name: float(getattr(self.attrs, name)) for name in self.HYPER}
         self._divide_loss_scaling = "loss_scaling" in self.attrs.dynamic
+        self._replicas = 1  # local replicas (bind_program)
+
+    def bind_program(self, program) -> None:
+        # Stochastic rounding draws the same on every local replica (rounding_generator).
+        self._replicas = program.replication_factor
 
     def extra_inputs(self) -> int:
         """Inputs after the dynamic hyper-parameters (the whole-weight Lamb norms of a
@@ -116,7 +121,7 @@ class OptimizerUpdate(Op):
         wide = {id(t): t.float() for t in halves}
         self.update(wide.get(id(weight), weight), g, h,
                     *[wide.get(id(t), t) if t is not None else None for t in state], *extra)
-        generator = rounding_generator(self, seed)
+        generator = rounding_generator(self, seed, self._replicas)
         for tensor in halves:
             tensor.copy_(stochastic_round(wide[id(tensor)], generator))
         return weight

@@ -7,7 +7,9 @@ small updates of a float16 weight add up instead of vanishing. Ops whose class s
 StochasticRounding pass set (transforms/stochastic_rounding.py) compute in float32 and round
 their float16 results with ``stochastic_round``; their last input is then the session's
 ``randomSeed___`` tensor ([seed, micro-batch counter], distinct per replica), so the draws are
-reproducible for a seed, new every micro-batch, different per replica and per op.
+reproducible for a seed, new every micro-batch and different per op; kernel results differ per
+replica, weight updates draw the same on every replica (as PopART's identical seeds for the
+weight updates), so the replicas' weights stay equal.
 """
 
 from __future__ import annotations
@@ -27,10 +29,14 @@ def split_seed(op, xs: tuple) -> tuple[tuple, torch.Tensor | None]:
     return xs, None
 
 
-def rounding_generator(op, seed: torch.Tensor) -> torch.Generator:
+def rounding_generator(op, seed: torch.Tensor, replicas: int = 1) -> torch.Generator:
     """A generator for ``op``'s draws in this micro-batch: the user seed, the micro-batch
-    counter (which differs per replica) and the op's name mixed into one 63-bit seed."""
+    counter and the op's name mixed into one 63-bit seed. The device counts the micro-batches
+    of the ``replicas`` local replicas running in lockstep one after another, so the counter
+    differs per replica; ``replicas`` > 1 divides that out, for draws the replicas share (the
+    weight updates, which must leave every replica with the same weights)."""
     user_seed, counter = (int(v) for v in seed.reshape(-1)[:2])
+    counter //= max(1, replicas)
     name = zlib.crc32(op.debug_name.encode("utf-8"))
     mixed = (user_seed * 0x9E3779B97F4A7C15 + counter * 0xBF58476D1CE4E5B9 + name) % (2**63)
     return torch.Generator().manual_seed(mixed)

@@ -144,3 +144,40 @@ def test_poptorch_precision_option_rounds_half_updates(enabled):
     else:
         assert torch.all(model.w == 1.0)
     wrapper.destroy()
+
+
+def _replicated_options(stochastic: bool = True):
+    options = popart.SessionOptions()
+    options.enableStochasticRounding = stochastic
+    options.enableReplicatedGraphs = True
+    options.replicatedGraphCount = 2
+    return options
+
+
+def test_replicas_round_kernel_results_differently_and_weight_updates_alike():
+    """Two replicas fed the same data: their float16 MatMul results round differently (each
+    replica draws its own), their weight updates round alike (the weights stay equal)."""
+    rf, steps = 2, 20
+    builder = popart.Builder()
+    x = builder.addInputTensor(popart.TensorInfo("FLOAT16", [8, N_WEIGHTS]), "x")
+    w = builder.addInitializedInputTensor(np.ones((N_WEIGHTS, 4), np.float16), "w")
+    y = builder.aiOnnx.matmul([x, w])
+    loss = builder.aiGraphcore.l1loss([y], 1e-4, reduction=popart.ReductionType.Sum)
+    updated = "UpdatedVar___" + w
+    session = popart.TrainingSession(
+        fnModel=builder.getModelProto(),
+        dataFlow=popart.DataFlow(steps, {y: popart.AnchorReturnType("All"),
+                                         updated: popart.AnchorReturnType("All")}),
+        loss=loss, optimizer=popart.ConstSGD(1.0), userOptions=_replicated_options(),
+        deviceInfo=popart.DeviceManager().createIpuModelDevice({"numIPUs": rf}))
+    session.prepareDevice()
+    session.weightsFromHost()
+    feed = np.random.default_rng(1).standard_normal((8, N_WEIGHTS)).astype(np.float16) * 0.1
+    anchors = session.initAnchorArrays()
+    session.run(popart.PyStepIO({x: np.broadcast_to(feed, (steps, rf, 8, N_WEIGHTS)).copy()},
+                                anchors))
+    ys, weights = anchors[y], anchors[updated]
+    assert ys.shape[:2] == (steps, rf) and weights.shape[:2] == (steps, rf)
+    assert not np.array_equal(ys[0, 0], ys[0, 1])
+    np.testing.assert_array_equal(weights[:, 0], weights[:, 1])
+    assert not np.all(weights[-1, 0] == np.float16(1.0))
