@@ -32,7 +32,7 @@ from torch.utils import _pytree as pytree
 
 import popart_backend as popart
 
-from . import blocks, buffers, export_errors, ops, translations
+from . import blocks, buffers, export_errors, export_passes, loss_marks, ops, translations
 from .errors import Error, location_from_stack_trace
 from .signatures import InputSignature, LeafSpec, bind_inputs, check_combined_batch, flatten_inputs
 
@@ -75,6 +75,7 @@ class TracedModel:
     # (input leaf index, ONNX output with its new value): read back into the caller's tensor
     input_updates: tuple[tuple[int, str], ...] = ()
     mutation_locations: dict[str, str] = dataclasses.field(default_factory=dict)  # FQN/leaf path
+    loss_outputs: tuple[str, ...] = ()  # outputs computed by a torch loss function (P57)
 
 
 def _model_state_names(model: torch.nn.Module) -> dict[str, str]:
@@ -188,25 +189,27 @@ def trace(model: torch.nn.Module, leaves: list, signature: InputSignature, divis
 def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedModel:
     mutations = buffers.Mutations.of(model)
     with _quiet_export(), fx_traceback.preserve_node_meta(), blocks.tracing_blocks(), \
-            _cached_torchlib_registry(), buffers.capture_mutations(mutations):
+            _cached_torchlib_registry(), buffers.capture_mutations(mutations), \
+            loss_marks.marking_losses():
         try:
-            ep = torch.export.export(model, args, kwargs, strict=False)
+            with export_passes.kept_tensor_attributes(model):
+                ep = torch.export.export(model, args, kwargs, strict=False)
         except Exception as exc:  # every export failure is reported with the hint below
             export_errors.refuse_unsupported_loss(exc, excludes)
             buffers.refuse_data_updates(exc)
             raise Error(
                 f"torch.export could not capture the model: {type(exc).__name__}: "
                 f"{export_errors.first_lines(str(exc), 12)}\n{export_errors.export_hint(exc)}",
-                type="trace_error") from exc
-        _drop_dynamo_markers(ep)
+                type="trace_error", location=export_errors.user_frame(exc, excludes)) from exc
+        export_passes.drop_dynamo_markers(ep)
+        export_passes.freeze_constant_updates(ep, excludes)
+        out_spec, user_outputs = export_passes.strip_constant_outputs(ep)
         try:
+            table = {**translations.translation_table(), **ops.translation_table()}
             program = torch.onnx.export(ep, dynamo=True, optimize=False, opset_version=OPSET,
-                                        verbose=False,
-                                        custom_translation_table={
-                                            **translations.translation_table(),
-                                            **ops.translation_table()})
+                                        verbose=False, custom_translation_table=table)
         except Exception as exc:  # the exporter's ConversionError / TorchExportError ...
-            raise export_errors.conversion_error(exc, ep, excludes) from exc
+            raise export_errors.conversion_error(exc, ep, excludes, table) from exc
     buffers.check_assignments(mutations)
     proto = program.model_proto
     ops.control_flow.fix_trip_counts(proto.graph)  # for_loop: constant trip counts
@@ -262,35 +265,21 @@ def _export_dynamo(model, args, kwargs, micro, signature, excludes) -> TracedMod
             locations[signature.leaves[index].path] = locations.pop(placeholder)
     parameters = tuple(state_names.get(p, p) for p in sorted(mutations.parameters))
     locations.update({state_names.get(k, k): v for k, v in list(locations.items())})
-    out_spec = ep.call_spec.out_spec
-    user_outputs = list(sig.user_outputs)
     output_constants, sources = {}, []
     position = 0
     for i, name in enumerate(user_outputs):
-        if name is None:
-            output_constants[i] = None
+        if not isinstance(name, str):  # a non-tensor value forward returned
+            output_constants[i] = name.value
             sources.append(None)
         else:
             sources.append(position)
             position += 1
+    losses = loss_marks.loss_outputs(proto, fx_custom,
+                                     lambda meta: _fx_name(meta.get(_FX_NODE_KEY, "")))
     node_locations = _annotate_nodes(proto, fx_custom, excludes)
     return TracedModel(proto, signature, input_names, output_names, out_spec, output_constants,
                        sources, param_map, node_locations, "dynamo", updated, parameters,
-                       tuple(input_updates), locations)
-
-
-def _drop_dynamo_markers(ep) -> None:
-    """Remove the ``_torchdynamo_disable*`` keys that torch's higher-order ops (``while_loop``
-    behind ``for_loop``) leave in the nodes' custom metadata: with the metadata preserved,
-    torch's decomposition pass finds them on placeholders with two different values and fails.
-    They only mark dynamo-disabled regions, which nothing after export reads."""
-    for module in ep.graph_module.modules():
-        graph = getattr(module, "graph", None)
-        for node in (graph.nodes if graph is not None else ()):
-            custom = node.meta.get("custom")
-            if custom and any(k.startswith("_torchdynamo_disable") for k in custom):
-                node.meta["custom"] = {k: v for k, v in custom.items()
-                                       if not k.startswith("_torchdynamo_disable")}
+                       tuple(input_updates), locations, losses)
 
 
 def _export_torchscript(model, args, kwargs, micro, signature) -> TracedModel:

@@ -223,36 +223,41 @@ def _shared_extreme_gradient(self, dim, index, src, result, include_self, scatte
 
 
 def _is_integral(value) -> bool:
-    if isinstance(value, bool):
-        return True
     if isinstance(value, (int, float)):
         return isinstance(value, int)
     return value.dtype in _INTEGER_TYPES
 
 
-def _as_tensor(value, dtype):
-    if isinstance(value, (int, float)):
-        if dtype in _FLOAT_TYPES:
-            return op.Cast(op.Constant(value_float=float(value)), to=dtype)
-        return op.Cast(op.Constant(value_int=int(value)), to=dtype)
-    return op.Cast(value, to=dtype)
+_TORCH_DTYPES = {ir.DataType.FLOAT: torch.float32, ir.DataType.FLOAT16: torch.float16,
+                 ir.DataType.DOUBLE: torch.float64, ir.DataType.BFLOAT16: torch.bfloat16,
+                 ir.DataType.INT64: torch.int64, ir.DataType.INT32: torch.int32,
+                 ir.DataType.INT16: torch.int16, ir.DataType.INT8: torch.int8,
+                 ir.DataType.UINT8: torch.uint8}
 
 
 def _arange_start_step(start, end, step=1, dtype: int = -1, layout: str = "",
                        device: str = "", pin_memory: bool = False):
     """``torch.arange(start, end, step)`` with torch's dtype rule: integer only when every
-    argument is; mixed arguments are computed in double (as torch's length and values are)."""
+    argument is. Python-number arguments (the usual case) are evaluated by torch itself, so
+    the length and values are exactly torch's; tensor arguments are cast to the result
+    dtype (float arithmetic for mixed ones)."""
     integral = all(_is_integral(v) for v in (start, end, step))
     if dtype is None or dtype == -1:
         dtype = ir.DataType.INT64 if integral else ir.DataType.FLOAT
     dtype = ir.DataType(dtype)
-    if integral:
-        return op.Cast(op.Range(*(_as_tensor(v, ir.DataType.INT64) for v in (start, end, step))),
-                       to=dtype)
-    first, last, delta = (_as_tensor(v, ir.DataType.DOUBLE) for v in (start, end, step))
-    count = op.Ceil(op.Div(op.Sub(last, first), delta))
-    positions = op.Range(op.Constant(value_double=0.0), count, op.Constant(value_double=1.0))
-    return op.Cast(op.Add(first, op.Mul(positions, delta)), to=dtype)
+    if all(isinstance(v, (int, float)) for v in (start, end, step)) and dtype in _TORCH_DTYPES:
+        values = torch.arange(start, end, step, dtype=_TORCH_DTYPES[dtype])
+        return op.Constant(value=ir.tensor(values.numpy()))
+    compute = ir.DataType.INT64 if integral else ir.DataType.FLOAT
+    first, last, delta = (op.Cast(v if not isinstance(v, (int, float)) else
+                                  op.Constant(value_float=float(v)), to=compute)
+                          for v in (start, end, step))
+    return op.Cast(op.Range(first, last, delta), to=dtype)
+
+
+def _arange_start(start, end, dtype: int = -1, layout: str = "", device: str = "",
+                  pin_memory: bool = False):
+    return _arange_start_step(start, end, 1, dtype, layout, device, pin_memory)
 
 
 def _add(self, other, alpha: float = 1.0):
@@ -273,4 +278,5 @@ def translation_table() -> dict:
             torch.ops.aten.rrelu_with_noise_functional.default: _rrelu_with_noise,
             torch.ops.aten.scatter_reduce.two: _scatter_reduce,
             torch.ops.aten.arange.start_step: _arange_start_step,
+            torch.ops.aten.arange.start: _arange_start,
             torch.ops.aten.add.Tensor: _add}

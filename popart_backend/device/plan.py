@@ -139,7 +139,6 @@ class ExecutionPlan:
             (self.copy_steps if between else self.stage_steps)[op.settings.pipeline_stage].append(
                 step)
         self.values = values
-        self._kept = {self.slot[t] for t in keep}
         self.replica_values: list[list[torch.Tensor | None]] = [values]
         self._segments: dict[int, list[tuple[list[tuple], tuple | None]]] = {}
 
@@ -156,9 +155,10 @@ class ExecutionPlan:
 
     def written_state_slots(self, extra: Iterable[str] = ()) -> list[int]:
         """The slots of device state a run can change: variables an op writes in place
-        (``modifies_inputs``, a contract opxModifyChecking verifies) or outputs, kept op outputs
-        (stashes, ``keep``) and the tensors ``extra`` (e.g. the random seed, which the run loop
-        writes itself). Everything else a run writes is freed or rebound every micro-batch."""
+        (``modifies_inputs``, a contract opxModifyChecking verifies) or outputs, and the
+        tensors ``extra`` (op outputs that persist through a run, such as stashes, and the
+        random seed, which the run loop writes itself). Everything else a run writes (anchors,
+        activations) is rebound every micro-batch and is not state."""
         variables = {self.slot[t] for t in self.variable_ids}
         written = {self.slot[t] for t in extra if t in self.slot}
         for _fn, ins, outs, single, _frees, op in self.steps:
@@ -166,7 +166,7 @@ class ExecutionPlan:
                 if i < len(ins) and ins[i] in variables:
                     written.add(ins[i])
             for s in (outs,) if single else outs:
-                if s in variables or s in self._kept:
+                if s in variables:
                     written.add(s)
         return sorted(written)
 

@@ -102,7 +102,7 @@ class SimulatedDevice:
         self._counter_offsets = [0] * rf
         self.set_seed(seed)
         self._state = StateSnapshot(self.plan, self.plan.written_state_slots(
-            [program.random_seed_id] if program.random_seed_id else ()))
+            [*program.persistent, *([program.random_seed_id] if program.random_seed_id else [])]))
         self._execute = self._execute_replicas  # run() swaps in a counting one for bars
 
     # --- compile-time tables ------------------------------------------------------------------

@@ -98,13 +98,23 @@ class CompileMixin:
         key = signature.key()
         executable = self._executables.get(key)
         if executable is None:
+            change = ""
             if self._executables:
-                old = self._active.traced.signature
+                change = _diff(self._active.traced.signature, signature)
                 warnings.warn(
-                    f"The inputs differ from those used to compile ({_diff(old, signature)}); "
+                    f"The inputs differ from those used to compile ({change}); "
                     f"recompiling for the new input signature. Keep input shapes fixed (e.g. "
                     f"drop_last=True) to avoid recompilation.", UserWarning, stacklevel=4)
-            executable = self._compile(leaves, signature)
+            try:
+                executable = self._compile(leaves, signature)
+            except Error as exc:
+                if not change or exc.type != "trace_error":
+                    raise
+                raise Error(f"The inputs differ from those used to compile ({change}), and "
+                            f"forward fails on the new inputs, so the model cannot be "
+                            f"recompiled for them: {exc.message}\nPass inputs of the compiled "
+                            f"shapes and dtypes.", type="input_changed",
+                            location=exc.location) from exc
             self._executables[key] = executable
             self._switch_to(executable, fresh=True)
         elif executable is not self._active:
@@ -432,17 +442,23 @@ def _diff(old: tracing.InputSignature, new: tracing.InputSignature) -> str:
 
 
 def find_loss(traced: tracing.TracedModel) -> str:
-    """The one final loss among forward's outputs (P57): an IdentityLoss output, else the only
-    0-d float output."""
+    """The one final loss among forward's outputs (P57): of the outputs that are losses (an
+    IdentityLoss, or a 0-d float result of a torch loss function), the one no other consumes;
+    without any, the only 0-d float output."""
     producers = {out: node for node in traced.proto.graph.node for out in node.output}
     outputs = list(dict.fromkeys(traced.output_names))
-    marked = [o for o in outputs if o in producers and producers[o].op_type == "IdentityLoss"]
-    if len(marked) == 1:
-        return _seeded_loss(traced.proto, producers[marked[0]])
     shapes = {o.name: o.type.tensor_type for o in traced.proto.graph.output}
     scalars = [o for o in outputs if shapes[o].HasField("shape") and not shapes[o].shape.dim
                and shapes[o].elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
-    candidates = marked or scalars
+    marked = [o for o in outputs if o in producers and producers[o].op_type == "IdentityLoss"]
+    losses = marked + [o for o in scalars if o in traced.loss_outputs and o not in marked]
+    final = [o for o in losses
+             if not any(o in _ancestors(other, producers) for other in losses if other != o)]
+    if len(final) == 1:
+        if final[0] in marked:
+            return _seeded_loss(traced.proto, producers[final[0]])
+        return final[0]
+    candidates = final or scalars
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:
@@ -452,6 +468,20 @@ def find_loss(traced: tracing.TracedModel) -> str:
                     f"{_describe_outputs(outputs, shapes)}.")
     raise Error(f"{len(candidates)} independent losses ({', '.join(candidates)}); combine them "
                 f"and wrap the sum in poptorch_lite.identity_loss.")
+
+
+def _ancestors(name: str, producers: dict) -> set[str]:
+    """Every value ``name`` is computed from."""
+    seen, stack = set(), [name]
+    while stack:
+        node = producers.get(stack.pop())
+        if node is None:
+            continue
+        for value in node.input:
+            if value and value not in seen:
+                seen.add(value)
+                stack.append(value)
+    return seen
 
 
 def _describe_outputs(outputs: list[str], types: dict) -> str:

@@ -143,3 +143,52 @@ def test_poptorch_failed_call_keeps_weights_buffers_and_step_count():
     after = model.state_dict()
     for key, value in state.items():
         assert torch.equal(after[key], value), key
+
+
+def _pipelined_session():
+    """Two pipeline stages on two IPUs (Gather, then MatMul + loss), accumulation 4."""
+    builder = popart.Builder()
+    rng = np.random.default_rng(0)
+    idx = builder.addInputTensor(popart.TensorInfo("INT32", [ROWS]), "idx")
+    with builder.virtualGraph(0), builder.pipelineStage(0):
+        table = builder.addInitializedInputTensor(
+            rng.standard_normal((TABLE, WIDTH), np.float32), "table")
+        rows = builder.aiOnnx.gather([table, idx])
+    with builder.virtualGraph(1), builder.pipelineStage(1):
+        weight = builder.addInitializedInputTensor(
+            rng.standard_normal((WIDTH, OUT), np.float32), "weight")
+        loss = builder.aiGraphcore.l1loss([builder.aiOnnx.matmul([rows, weight])], 0.1)
+    options = popart.SessionOptions()
+    options.enablePipelining = True
+    options.virtualGraphMode = popart.VirtualGraphMode.Manual
+    options.enableGradientAccumulation = True
+    options.accumulationFactor = 4
+    session = popart.TrainingSession(
+        fnModel=builder.getModelProto(),
+        dataFlow=popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}),
+        loss=loss,
+        optimizer=popart.SGD({"defaultLearningRate": (0.1, False),
+                              "defaultMomentum": (0.9, False)}),
+        deviceInfo=popart.DeviceManager().createIpuModelDevice({"numIPUs": 2}),
+        userOptions=options)
+    session.prepareDevice()
+    session.weightsFromHost()
+    return session, idx
+
+
+def test_pipelined_failed_run_is_rolled_back():
+    """The pipelined run loop too: a bad index in the last micro-batch of a window (stashes
+    and accumulators already written) leaves the session as a fresh one."""
+    good = np.tile(np.array([0, 1], np.int32), 4)
+    bad = good.copy()
+    bad[-1] = TABLE + 1
+    session, idx = _pipelined_session()
+    reference, ref_idx = _pipelined_session()
+    before = _weights(session)
+    with pytest.raises(popart.popart_exception):
+        _run(session, idx, bad)
+    assert _same(_weights(session), before)
+    for _ in range(2):
+        _run(session, idx, good)
+        _run(reference, ref_idx, good)
+    assert _same(_weights(session), _weights(reference))
