@@ -123,6 +123,13 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
         self._replication_factor = (
             userOptions.replicatedGraphCount if userOptions.enableReplicatedGraphs else 1
         )
+        if userOptions.replicatedGraphCount != 1 and not userOptions.enableReplicatedGraphs \
+                and "replicatedGraphCount" not in _LOGGED:
+            _LOGGED.add("replicatedGraphCount")
+            _log.warning("SessionOptions.replicatedGraphCount = %d has no effect because "
+                         "enableReplicatedGraphs is False; the session runs one replica. Set "
+                         "enableReplicatedGraphs = True to replicate.",
+                         userOptions.replicatedGraphCount)
         # All replicas of all instances (global replication, spec §5.3): gradients reduce
         # over them; host data and anchors hold only the local ones.
         self._global_replication_factor = (

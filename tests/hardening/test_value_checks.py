@@ -90,3 +90,24 @@ def test_default_options_pass():
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     session.run(popart.PyStepIO({"x": x}, out))
     np.testing.assert_allclose(out["y"], x * 2 + 1)
+
+
+def test_replicated_graph_count_without_enable_says_it_has_no_effect(caplog):
+    """PopART reads replicatedGraphCount only with enableReplicatedGraphs; we say so."""
+    import logging
+
+    from popart_backend import session as session_module
+
+    session_module._LOGGED.discard("replicatedGraphCount")
+    builder = popart.Builder()
+    x = builder.addInputTensor(popart.TensorInfo("FLOAT", [2]), "x")
+    y = builder.aiOnnx.relu([x])
+    builder.addOutputTensor(y)
+    opts = popart.SessionOptions()
+    opts.replicatedGraphCount = 2
+    with caplog.at_level(logging.WARNING, logger="popart:session"):
+        session = popart.InferenceSession(
+            builder.getModelProto(), popart.DataFlow(1, {y: popart.AnchorReturnType("All")}),
+            popart.DeviceManager().createCpuDevice(), userOptions=opts)
+    assert session.replicationFactor == 1
+    assert any("enableReplicatedGraphs is False" in r.getMessage() for r in caplog.records)
