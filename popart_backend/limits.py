@@ -4,7 +4,9 @@ before anything is allocated, so an untrusted model cannot exhaust the host (doc
 The limit is ``POPART_SIM_MAX_BYTES`` (bytes, or with a K/M/G/T suffix, powers of 1024) when
 set, else half of the host's physical memory. It bounds one tensor, all the initializers of a
 model, one folded constant, one step's host buffers (batches per step × stream sizes) and a
-Loop's trip count × its body's bytes. Subgraphs nest at most ``MAX_SUBGRAPH_DEPTH`` deep.
+Loop's trip count × its body's bytes. Subgraphs nest at most ``MAX_SUBGRAPH_DEPTH`` deep. A Loop
+whose trip count or condition is only known while it runs stops with an error after
+``POPART_SIM_MAX_LOOP_ITERATIONS`` iterations (default 10**7), so it cannot hang the host.
 
 A leaf module: it imports only ``errors``.
 """
@@ -17,7 +19,7 @@ import re
 
 from .errors import ResourceLimitError
 
-__all__ = ["ENV_VAR", "MAX_SUBGRAPH_DEPTH", "check_bytes", "max_bytes"]
+__all__ = ["ENV_VAR", "MAX_SUBGRAPH_DEPTH", "check_bytes", "max_bytes", "max_loop_iterations"]
 
 ENV_VAR = "POPART_SIM_MAX_BYTES"
 HOST_FRACTION = 0.5
@@ -51,6 +53,23 @@ def max_bytes() -> int:
     host = host_memory_bytes()
     # Without a known host size, 8 GiB: large enough for any test model, small enough to fail.
     return int(host * HOST_FRACTION) if host > 0 else 8 << 30
+
+
+LOOP_ENV_VAR = "POPART_SIM_MAX_LOOP_ITERATIONS"
+DEFAULT_MAX_LOOP_ITERATIONS = 10**7
+
+
+def max_loop_iterations() -> int:
+    """The most iterations one Loop may run: ``POPART_SIM_MAX_LOOP_ITERATIONS`` or 10**7."""
+    raw = os.environ.get(LOOP_ENV_VAR, "").strip()
+    if not raw:
+        return DEFAULT_MAX_LOOP_ITERATIONS
+    if not raw.isdigit() or int(raw) <= 0:
+        raise ResourceLimitError(
+            f"{LOOP_ENV_VAR}={raw!r} is not a positive whole number, e.g. "
+            f"{LOOP_ENV_VAR}=100000000."
+        )
+    return int(raw)
 
 
 def _fmt(num_bytes: int) -> str:

@@ -41,10 +41,12 @@ import numpy as np
 import torch
 
 from ..dtypes import DataType
-from ..errors import ShapeError, UnsupportedOpError, popart_exception, popart_internal_exception
+from ..errors import (ResourceLimitError, ShapeError, UnsupportedOpError, popart_exception,
+                      popart_internal_exception)
 from ..ir.graph import Graph
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo, TensorKind
+from ..limits import LOOP_ENV_VAR, max_loop_iterations
 from .registry import AI_GRAPHCORE, create_op, register_op
 
 _BOOL_SCALAR = TensorInfo(DataType.BOOL, ())
@@ -484,9 +486,20 @@ class Loop(SubgraphOp):
         go = bool(cond) if cond is not None else True
         if trip is None and cond is None:
             raise popart_exception(f"{self.debug_name}: has neither M nor cond; it never ends.")
+        limit = max_loop_iterations()
+        if trip is not None and trip > limit:
+            raise ResourceLimitError(
+                f"{self.debug_name}: its trip count M is {trip}, more than the "
+                f"{limit} iterations one Loop may run. Raise {LOOP_ENV_VAR} if the model "
+                f"really needs it.")
         scans: list[list[torch.Tensor]] = []
         i = 0
         while go and (trip is None or i < trip):
+            if i == limit:
+                raise ResourceLimitError(
+                    f"{self.debug_name}: its condition still holds after {limit} iterations, "
+                    f"the most one Loop may run. Raise {LOOP_ENV_VAR} if the model really "
+                    f"needs more.")
             outs = self.run_body(
                 self.attrs.body, [torch.tensor(i, dtype=torch.int64), torch.tensor(go), *carried],
                 captured)

@@ -118,3 +118,49 @@ def test_models_under_the_limit_still_run(limit_100mb):
                        [shape], [value("x")], [value("y")])
     out = load_and_run(model)
     np.testing.assert_array_equal(out["y"], np.zeros(SHAPE, np.float32) * 3)
+
+
+def _runtime_loop(monkeypatch, trips_input: bool):
+    """A Loop whose trip count (or whose condition) is a stream input: known only at run time."""
+    from popart_backend.limits import LOOP_ENV_VAR
+
+    monkeypatch.setenv(LOOP_ENV_VAR, "50")
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["c2"]), helper.make_node("Neg", ["v"], ["v2"])],
+        "body", [value("i", (), TensorProto.INT64), value("c", (), TensorProto.BOOL),
+                 value("v")], [value("c2", (), TensorProto.BOOL), value("v2")])
+    loop_inputs = ["trips", "go", "x"] if trips_input else ["", "go", "x"]
+    graph_inputs = [value("go", (), TensorProto.BOOL), value("x")]
+    if trips_input:
+        graph_inputs.insert(0, value("trips", (), TensorProto.INT64))
+    model = make_model([helper.make_node("Loop", loop_inputs, ["y"], name="loop", body=body)],
+                       [], graph_inputs, [value("y")])
+    session = popart.InferenceSession(model, popart.DataFlow(1, {"y": popart.AnchorReturnType("All")}),
+                                      popart.DeviceManager().createCpuDevice())
+    session.prepareDevice()
+    out = session.initAnchorArrays()
+    x = np.ones(SHAPE, np.float32)
+    feeds = {"go": np.array(True), "x": x}
+
+    def run(trips=None):
+        if trips is not None:
+            feeds["trips"] = np.array(trips, np.int64)
+        session.run(popart.PyStepIO(feeds, out))
+        return out["y"]
+
+    return run, x
+
+
+def test_loop_with_a_run_time_trip_count_is_bounded(monkeypatch):
+    run, x = _runtime_loop(monkeypatch, trips_input=True)
+    np.testing.assert_array_equal(run(3), -x)  # odd number of negations
+    # Raised by the kernel while the step runs: reported as a run-time error of the Loop op.
+    with pytest.raises(popart.popart_runtime_error, match="trip count M is 10000000000"):
+        run(10**10)
+    np.testing.assert_array_equal(run(4), x)  # the session is still usable
+
+
+def test_loop_whose_condition_never_ends_stops_at_the_limit(monkeypatch):
+    run, _ = _runtime_loop(monkeypatch, trips_input=False)
+    with pytest.raises(popart.popart_runtime_error, match="ResourceLimitError.*after 50 iterations"):
+        run()
