@@ -1,4 +1,4 @@
-"""Fidelity check of the device model (docs/device_model.md §4): does BERT-Large pretraining
+"""Fidelity check of the device model (docs/device_model.md): does BERT-Large pretraining
 fit, and how fast does the simulated IPU say it runs, next to what Graphcore published?
 
 The published configuration (Graphcore's released PopART BERT-Large pretraining, phase 1,

@@ -1,4 +1,4 @@
-"""A custom operator in Python: LeakyRelu with its gradient, trained for one step (spec §7.3).
+"""A custom operator in Python: LeakyRelu with its gradient, trained for one step.
 
 Run it with ``python examples/custom_op_leaky_relu.py``. It registers the op, builds
 

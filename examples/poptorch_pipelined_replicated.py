@@ -97,7 +97,7 @@ def main() -> None:
     for epoch in range(args.epochs):
         losses = []
         for x, y in loader:
-            _, loss = training(x, y)  # loss: [replicas] (Final output mode, §2.4)
+            _, loss = training(x, y)  # loss: [replicas] (Final output mode)
             losses.append(loss.mean().item())
             seen.append((x, y))
         print(f"epoch {epoch + 1}: mean loss {sum(losses) / len(losses):.4f} over "

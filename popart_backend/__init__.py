@@ -1,7 +1,7 @@
 """PopART's Python API on a simulated IPU: ``import popart_backend as popart``.
 
 Each module owns a part of the public surface and lists it in its ``__all__``; this file only
-gathers them (F1).
+gathers them.
 """
 
 from . import ops  # noqa: F401  (registers every op)
@@ -32,7 +32,7 @@ from .optim.sgd import *  # noqa: F401,F403
 from .optim.adam import *  # noqa: F401,F403
 from .optim.adaptive import *  # noqa: F401,F403
 from .supported_ops import *  # noqa: F401,F403
-from . import custom  # noqa: F401  (popart.custom: custom ops in Python, spec §7)
+from . import custom  # noqa: F401  (popart.custom: custom ops in Python)
 from .custom.registration import loadCustomOpModule  # noqa: F401
 
 globals().update(_make_throw_hooks())

@@ -1,4 +1,4 @@
-"""DataFlow, anchors and step IO (spec §4.1, §4.2; F25–F35).
+"""DataFlow, anchors and step IO.
 
 ``DataFlow`` says how many batches one ``run()`` processes and which tensors come back to the
 host (anchors), each with an ``AnchorReturnType`` (All / EveryN / Final / Sum). ``PyStepIO``
@@ -33,7 +33,7 @@ __all__ = [
 
 
 class AnchorReturnTypeId(enum.Enum):
-    """Which micro-batches of a run an anchor returns (spec §4.2 table)."""
+    """Which micro-batches of a run an anchor returns."""
 
     Final = 0
     EveryN = 1
@@ -48,7 +48,7 @@ class AnchorReturnType:
     """How an anchor is returned: ``AnchorReturnType("All")``, ``AnchorReturnType("EveryN", 2)``.
 
     The type string is case-insensitive. Optional ``tileSet`` / ``exchangeStrategy`` follow the
-    type (or the return period), positionally or by keyword (F103).
+    type (or the return period), positionally or by keyword.
     """
 
     __slots__ = ("_string", "_id", "_rp", "_tile_set", "_exchange_strategy")
@@ -158,7 +158,7 @@ def _parse_art_args(args: tuple, kwargs: dict):
 
 
 class DataFlow:
-    """Batches per step and the anchors of a session (F30).
+    """Batches per step and the anchors of a session.
 
     ``DataFlow(bps, {"y": AnchorReturnType("All")})`` or
     ``DataFlow(bps, ["y", "z"], AnchorReturnType("Final"))`` (default return type All).
@@ -266,7 +266,7 @@ def _check_return_period(tensor_id: str, art: AnchorReturnType, batches_per_step
         raise popart_exception("Return period must be a factor of the number of batches per step")
 
 
-# --- anchor arithmetic (§4.2 table) -----------------------------------------------------------
+# --- anchor arithmetic  -----------------------------------------------------------
 
 
 def anchor_leading_dims(art: AnchorReturnType, bps: int, af: int, rf: int) -> tuple[int, ...]:
@@ -281,7 +281,7 @@ def anchor_leading_dims(art: AnchorReturnType, bps: int, af: int, rf: int) -> tu
 
 def anchor_shape(art: AnchorReturnType, sample_shape: tuple[int, ...], bps: int, af: int,
                  rf: int) -> tuple[int, ...]:
-    """Shape of ``initAnchorArrays()``: size-1 leading entries dropped, never dims of T (F29)."""
+    """Shape of ``initAnchorArrays()``: size-1 leading entries dropped, never dims of T."""
     leading = tuple(d for d in anchor_leading_dims(art, bps, af, rf) if d != 1)
     return leading + tuple(sample_shape)
 
@@ -342,7 +342,7 @@ class PyStepIO(IStepIO):
         self.inputs = dict(inputs)
         self.outputs = dict(outputs)
         self.runtime_asserts = True
-        # Element offsets of the next chunk, per tensor id (the wrap-around state of §4.1).
+        # Element offsets of the next chunk, per tensor id (the wrap-around state).
         self.input_offsets: dict[str, int] = {}
         self.output_offsets: dict[str, int] = {}
 
@@ -354,7 +354,7 @@ class PyStepIO(IStepIO):
 
 
 class PyStepIOCallback(IStepIO):
-    """Step IO through callbacks, called once per micro-batch per replica in (b, a, r) order (F28).
+    """Step IO through callbacks, called once per micro-batch per replica in (b, a, r) order.
 
     ``input_callback(id, prefetch) -> ndarray`` of the tensor's shape,
     ``input_complete_callback(id)``, ``output_callback(id) -> ndarray`` to fill,

@@ -1,4 +1,4 @@
-"""DataType: the element types of spec §3.3 and their ONNX, numpy and torch equivalents.
+"""DataType: the element types and their ONNX, numpy and torch equivalents.
 
 Three representations exist for every type:
 

@@ -1,4 +1,4 @@
-"""The exception hierarchy of spec §4.9 (F60, F61) and the test hooks that raise each kind.
+"""The exception hierarchy and the test hooks that raise each kind.
 
 Application errors (bad model, bad options, bad step IO) are ``popart_exception`` and its
 subclasses; system errors model device faults and carry a ``recoveryAction``.
@@ -10,7 +10,7 @@ import enum
 
 
 class RecoveryAction(enum.Enum):
-    """What to do after a recoverable system error (spec §4.9 decision: union of 2.3 and SDK 3)."""
+    """What to do after a recoverable system error (decision: union of 2.3 and SDK 3)."""
 
     IPU_RESET = "IPU_RESET"
     LINK_RESET = "LINK_RESET"
@@ -103,7 +103,7 @@ class poplar_unknown_runtime_error(poplar_system_runtime_error):  # noqa: N801
     pass
 
 
-# Descriptive subclasses used inside the backend (STYLE.md §7). Each is a popart_exception so
+# Descriptive subclasses used inside the backend (STYLE.md). Each is a popart_exception so
 # user code catching PopART's names keeps working.
 class ShapeError(popart_exception):
     """Shape or dtype inference failed for an op."""
@@ -148,7 +148,7 @@ _THROW_KINDS = {
 
 
 def make_throw_hooks() -> dict:
-    """The ``popart._throw_<kind>(msg)`` test hooks of spec §4.9, by attribute name."""
+    """The ``popart._throw_<kind>(msg)`` test hooks, by attribute name."""
 
     def hook(kind):
         def throw(message: str):

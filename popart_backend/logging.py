@@ -1,4 +1,4 @@
-"""PopART's logging (spec §4.8, §8; F57–F59, F95–F97) on top of Python's ``logging``.
+"""PopART's logging on top of Python's ``logging``.
 
 Each PopART module logs on a stdlib logger named ``popart:<module>`` (the backend simply calls
 ``logging.getLogger("popart:ir")``). This module gives those loggers PopART's levels, line
@@ -230,7 +230,7 @@ def configure_from_env(environ: Mapping[str, str] = os.environ) -> None:
 
 
 class Logger:
-    """``popart.getLogger(name)``: sets levels and logs on the ``python`` module (F58)."""
+    """``popart.getLogger(name)``: sets levels and logs on the ``python`` module."""
 
     def __init__(self, name: str = "all"):
         self.name = name if name == "all" else _module_of(name)

@@ -1,4 +1,4 @@
-"""Sessions: import a model, compile it for the simulated device, run it with step IO (§2.1, §4).
+"""Sessions: import a model, compile it for the simulated device, run it with step IO.
 
 ``InferenceSession`` runs the forward graph; ``TrainingSession`` adds the backward pass, gradient
 accumulation and the optimizer (docs/training.md) and updates the weights on the device.
@@ -103,7 +103,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
                 f"{type(self).__name__}: inputShapeInfo must be an InputShapeInfo, not "
                 f"{type(inputShapeInfo).__name__}."
             )
-        # patterns=None means the set registered now (spec §2.1), built at call time.
+        # patterns=None means the set registered now, built at call time.
         patterns = Patterns() if patterns is None else patterns
         if not isinstance(patterns, Patterns):
             raise popart_exception(
@@ -130,7 +130,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
                          "enableReplicatedGraphs is False; the session runs one replica. Set "
                          "enableReplicatedGraphs = True to replicate.",
                          userOptions.replicatedGraphCount)
-        # All replicas of all instances (global replication, spec §5.3): gradients reduce
+        # All replicas of all instances (global replication): gradients reduce
         # over them; host data and anchors hold only the local ones.
         self._global_replication_factor = (
             userOptions.globalReplicationFactor
@@ -208,7 +208,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
         pass
 
     def _check_io_settings(self) -> None:
-        """numIOTiles and the tile set / exchange strategy of each input and anchor (F100-F104)."""
+        """numIOTiles and the tile set / exchange strategy of each input and anchor."""
         streams = {f"Input '{tensor_id}'": (s.tileSet(), s.exchangeStrategy())
                    for tensor_id, s in input_settings_from_model(self._model.proto).items()}
         for anchor_id in self._data_flow.anchors():
@@ -271,7 +271,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
 
     def prepareDevice(self, loadEngine: bool = True, err=None) -> None:  # noqa: N802,N803
         """Compile the Program for the simulated device, then load it unless ``loadEngine`` is
-        False or ``compileEngine`` is off (F47). With ``err`` (an OutOfMemoryError) an
+        False or ``compileEngine`` is off. With ``err`` (an OutOfMemoryError) an
         overflow fills it instead of raising."""
         if err is not None:
             return self._prepare_with_status(loadEngine, err)
@@ -346,7 +346,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
         return self._device
 
     def run(self, stepio, debugName: str = "") -> None:  # noqa: N803
-        """Run one step: batchesPerStep batches, reading inputs and writing anchors (F48)."""
+        """Run one step: batchesPerStep batches, reading inputs and writing anchors."""
         device = self._ready_device("run()")
         if self._training and self._host_weights and not self._weights_written:
             raise popart_runtime_error(
@@ -374,7 +374,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
             write_auto_report(self._device_model, self._profiled_runs, directory)
 
     def initAnchorArrays(self) -> dict[str, np.ndarray]:  # noqa: N802
-        """Zero-filled numpy arrays of the §4.2 shapes, one per anchor (F29); a list of them for
+        """Zero-filled numpy arrays of the shapes, one per anchor; a list of them for
         a sequence anchor, None for an absent optional one."""
         arrays = {
             a.id: np.zeros(a.host_shape, dtype=a.info.dtype.numpy) for a in self._program.anchors
@@ -406,7 +406,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
         return ids
 
     def anchor_host_shape(self, anchor_id: str) -> tuple[int, ...]:
-        """The §4.2 host shape of an anchor (what initAnchorArrays allocates)."""
+        """The host shape of an anchor (what initAnchorArrays allocates)."""
         info = self._ir.main.tensor(anchor_id).info
         return anchor_shape(self._data_flow.art(anchor_id), info.shape,
                             self._data_flow.batchesPerStep(), self._accumulation_factor,
@@ -450,7 +450,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
             )
 
     def getSummaryReport(self, resetProfile: bool = True) -> str:  # noqa: N802,N803
-        """Text summary (F54): memory and cycles of the simulated IPU when profiling is on
+        """Text summary: memory and cycles of the simulated IPU when profiling is on
         (``engineOptions["autoReport.all"] = "true"``) and the device is prepared."""
         graph = self._ir.main
         header = [
@@ -468,7 +468,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
         return text
 
     def getReport(self) -> Report:  # noqa: N802
-        """The profile of the simulated IPU as a Report object (F55)."""
+        """The profile of the simulated IPU as a Report object."""
         if not profiling_enabled(self._options):
             raise popart_exception(
                 "getReport: execution profiling is not enabled; set "
@@ -479,7 +479,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
         return Report(self._device_model, self._profiled_runs)
 
     def getCycleCount(self, id: str = "") -> int:  # noqa: N802,A002
-        """Simulated cycles of the last run (F56); needs instrumentWithHardwareCycleCounter."""
+        """Simulated cycles of the last run; needs instrumentWithHardwareCycleCounter."""
         if not self._options.instrumentWithHardwareCycleCounter:
             raise popart_exception(
                 "getCycleCount: the session was not built with cycle instrumentation; set "
@@ -494,7 +494,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
 
 
 class InferenceSession(SessionBase):
-    """Run a forward graph on the simulated device (F5).
+    """Run a forward graph on the simulated device.
 
     ``InferenceSession(fnModel, dataFlow, deviceInfo, inputShapeInfo=InputShapeInfo(),
     patterns=None, userOptions=SessionOptions(), name="inference")``
@@ -537,7 +537,7 @@ class InferenceSession(SessionBase):
 
 
 class TrainingSession(SessionBase):
-    """Train a model on the simulated device: forward, backward, optimizer (F6, F50).
+    """Train a model on the simulated device: forward, backward, optimizer.
 
     ``TrainingSession(fnModel, dataFlow, loss, optimizer, deviceInfo,
     inputShapeInfo=InputShapeInfo(), patterns=None, userOptions=SessionOptions(),
@@ -605,9 +605,9 @@ class TrainingSession(SessionBase):
         return self.getAllTensorIds()
 
     def updateOptimizerFromHost(self, optimizer) -> None:  # noqa: N802
-        """Replace the optimizer's non-const values; the next ``run()`` uses them (F38).
+        """Replace the optimizer's non-const values; the next ``run()`` uses them.
 
-        The class, structure and const values must not change (spec §4.3).
+        The class, structure and const values must not change.
         """
         if not isinstance(optimizer, Optimizer):
             raise popart_exception(

@@ -1,5 +1,5 @@
 """What the backend can run: ``getSupportedOperations``, ``getSupportedOperationsDefinition``,
-``getUnsupportedOperations``, ``OperatorIdentifier`` and ``OpDefinition`` (spec §6, F81, F87, F88).
+``getUnsupportedOperations``, ``OperatorIdentifier`` and ``OpDefinition``.
 
 Everything here is read from the op registry (plus ai.onnx.preview.training Gradient, which
 the importer builds itself, ``_IMPORT_TIME_OPS``) and from ``onnx.defs``: nothing else is listed by hand, so the answers
@@ -65,7 +65,7 @@ _IMPORT_TIME_OPS: dict[tuple[str, str], tuple[int, ...]] = {
 
 
 class OperatorIdentifier:
-    """An op's identity: ``OperatorIdentifier("ai.onnx", "Add", 7)`` (F87).
+    """An op's identity: ``OperatorIdentifier("ai.onnx", "Add", 7)``.
 
     Equal, hashable and ordered by (domain, type, version); ``str()`` is PopART's
     ``domain.type:version``.
@@ -107,7 +107,7 @@ class OperatorIdentifier:
 
 
 class OpDefinition:
-    """What an op accepts: its inputs, outputs and attributes (F88).
+    """What an op accepts: its inputs, outputs and attributes.
 
     ``inputs``: ``[Input(name, supportedTensors, constant)]``; ``constant`` inputs must be
     known at compile time (shapes, axes, sizes on a static-shape device).
@@ -185,14 +185,14 @@ def _entries(include_internal: bool):
 
 
 def getSupportedOperations(includeInternal: bool) -> list[OperatorIdentifier]:  # noqa: N802,N803
-    """Every (domain, type, version) the importer resolves; internal ops only if asked (F81)."""
+    """Every (domain, type, version) the importer resolves; internal ops only if asked."""
     return [OperatorIdentifier(d, t, v) for d, t, v, _ in _entries(bool(includeInternal))]
 
 
 def getSupportedOperationsDefinition(  # noqa: N802
     includeInternal: bool,  # noqa: N803
 ) -> dict[OperatorIdentifier, OpDefinition]:
-    """``getSupportedOperations`` mapped to each op's ``OpDefinition`` (F81, F88)."""
+    """``getSupportedOperations`` mapped to each op's ``OpDefinition``."""
     return {
         OperatorIdentifier(d, t, v): _definition(d, t, v, cls)
         for d, t, v, cls in _entries(bool(includeInternal))
@@ -203,7 +203,7 @@ def getUnsupportedOperations(opsetVersion: int) -> list[str]:  # noqa: N802,N803
     """ai.onnx op types of opset ``opsetVersion`` that a model of that opset cannot use.
 
     An op counts as unsupported when no version is registered, or when the version ONNX opset
-    ``opsetVersion`` defines is not one we implement (strict resolution would reject it, §6.4).
+    ``opsetVersion`` defines is not one we implement (strict resolution would reject it).
     """
     if isinstance(opsetVersion, bool) or not isinstance(opsetVersion, int) or opsetVersion < 1:
         raise popart_exception(
@@ -276,7 +276,7 @@ def _tensor_types(schema: onnx.defs.OpSchema, slot) -> tuple[DataType, ...]:
 
 def _definition(domain: str, op_type: str, version: int, cls) -> OpDefinition:
     if getattr(cls, "definition", None) is not None:
-        return cls.definition  # a custom op registered with its own OpDefinition (F88)
+        return cls.definition  # a custom op registered with its own OpDefinition
     schema = _schema(domain, op_type, version)
     const = _IMPORT_TIME_OPS[(domain, op_type)] if cls is None else tuple(cls.const_inputs)
     if schema is not None:

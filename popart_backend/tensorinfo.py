@@ -1,8 +1,8 @@
-"""The public ``TensorInfo``, ``InputShapeInfo`` and ``InputSettings`` of spec §3.3, F7, F13, F102.
+"""The public ``TensorInfo``, ``InputShapeInfo`` and ``InputSettings``, F7, F13, F102.
 
 The IR works with the frozen ``popart_backend.ir.TensorInfo``; the public class here is PopART's
 method-style view of the same thing (``shape()``, ``data_type()`` ...) and converts both ways
-with ``to_ir()`` / ``from_ir()``. ``TileSet`` and ``ExchangeStrategy`` (spec §9) live here
+with ``to_ir()`` / ``from_ir()``. ``TileSet`` and ``ExchangeStrategy`` live here
 because ``InputSettings`` is their first user; the data-flow module imports them from here.
 """
 
@@ -29,14 +29,14 @@ __all__ = [
 
 
 class TileSet(enum.Enum):
-    """Which tiles of an IPU a tensor is streamed to (spec §9, F100)."""
+    """Which tiles of an IPU a tensor is streamed to."""
 
     Compute = 0
     IO = 1
 
 
 class ExchangeStrategy(enum.Enum):
-    """When host data is exchanged relative to compute (spec §9, F104)."""
+    """When host data is exchanged relative to compute."""
 
     JustInTime = 0
     OverlapInnerLoop = 1
@@ -84,7 +84,7 @@ def _shape(shape) -> tuple[int, ...]:
 
 
 class TensorInfo:
-    """Element type and shape of a tensor (F13).
+    """Element type and shape of a tensor.
 
     ``TensorInfo("FLOAT", [2, 3])``, ``TensorInfo("float32", (2, 3))``,
     ``TensorInfo(DataType.FLOAT, [2, 3])`` or ``TensorInfo(array)``.
@@ -196,7 +196,7 @@ def getTensorInfo(array) -> TensorInfo:  # noqa: N802 - PopART's name
 
 
 class InputShapeInfo:
-    """Shapes for model inputs whose ONNX shape is missing or symbolic (F7)."""
+    """Shapes for model inputs whose ONNX shape is missing or symbolic."""
 
     def __init__(self):
         self._infos: dict[str, TensorInfo | list[TensorInfo] | None] = {}
@@ -261,7 +261,7 @@ class InputShapeInfo:
 
 
 class InputSettings:
-    """How one host input is streamed to the device (F102)."""
+    """How one host input is streamed to the device."""
 
     __slots__ = ("_tile_set", "_exchange_strategy", "_replicated_stream_mode")
 

@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 
 
 def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:  # noqa: N802
-    """The simulated machine is always there (spec §2.5)."""
+    """The simulated machine is always there."""
     return num_ipus >= 1
 
 

@@ -1,4 +1,4 @@
-"""Model partitioning annotations: blocks, stages and execution strategies (spec §2.3, P37-P45).
+"""Model partitioning annotations: blocks, stages and execution strategies.
 
 Blocks are recorded while ``torch.export`` runs ``forward``: the current block ``(user_id,
 ipu_id, serial)`` is put into the FX node metadata (``node.meta["custom"]``) of every op traced
@@ -6,7 +6,7 @@ while it is active; tracing.py hands it to ``annotate_node``, which writes the b
 (``__block_id``) and its IPU into the ONNX node. On CPU (not tracing) blocks do nothing.
 
 Before the session is built, ``place_model`` turns blocks into placement with the execution
-strategy (spec §2.3): every node gets ``__ipu_number`` and ``__pipeline_stage``.
+strategy: every node gets ``__ipu_number`` and ``__pipeline_stage``.
 
 - Ops before any block go to IPU 0, stage 0; ops the exporter adds without a source op take
   the block of what they read, or of where they were emitted.
@@ -17,7 +17,7 @@ strategy (spec §2.3): every node gets ``__ipu_number`` and ``__pipeline_stage``
 
 Example: ``BeginBlock(model.enc, "enc", ipu_id=0); BeginBlock(model.head, "head", ipu_id=1)``
 gives stage 0 on IPU 0 for the encoder and stage 1 on IPU 1 for the head and the loss; with
-training the backend adds the backward stages 2 (IPU 1) and ... per spec §5.1 (``2L - s``).
+training the backend adds the backward stages 2 (IPU 1) and ... (``2L - s``).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def _check_ipu(ipu_id):
 
 
 class Block:
-    """``with Block(user_id, ipu_id):`` puts the ops traced inside on ``ipu_id`` (P38)."""
+    """``with Block(user_id, ipu_id):`` puts the ops traced inside on ``ipu_id``."""
 
     def __init__(self, user_id=None, ipu_id: int | None = None):
         self.user_id = user_id
@@ -147,7 +147,7 @@ class Block:
 
 
 def BlockFunction(user_id=None, ipu_id: int | None = None):  # noqa: N802
-    """Decorator running a function inside ``Block(user_id, ipu_id)`` (P39)."""
+    """Decorator running a function inside ``Block(user_id, ipu_id)``."""
 
     def decorate(fn):
         @functools.wraps(fn)
@@ -161,7 +161,7 @@ def BlockFunction(user_id=None, ipu_id: int | None = None):  # noqa: N802
 
 
 def BeginBlock(layer_to_call, user_id=None, ipu_id: int | None = None):  # noqa: N802
-    """Start a block when ``layer_to_call`` runs; it lasts until the next block starts (P37)."""
+    """Start a block when ``layer_to_call`` runs; it lasts until the next block starts."""
     _check_ipu(ipu_id)
     if not isinstance(layer_to_call, torch.nn.Module):
         if callable(layer_to_call):
@@ -188,7 +188,7 @@ def BeginBlock(layer_to_call, user_id=None, ipu_id: int | None = None):  # noqa:
 
 
 def removeBlocks(module: torch.nn.Module) -> None:  # noqa: N802
-    """Remove every BeginBlock hook from ``module`` and its submodules (P45)."""
+    """Remove every BeginBlock hook from ``module`` and its submodules."""
     for sub in module.modules():
         handle = getattr(sub, _HOOK_ATTR, None)
         if handle is not None:
@@ -219,7 +219,7 @@ class Liveness(enum.IntEnum):
 
 
 class Stage:
-    """A pipeline stage made of block ids: ``Stage("A", "B").ipu(1)`` (P40)."""
+    """A pipeline stage made of block ids: ``Stage("A", "B").ipu(1)``."""
 
     def __init__(self, *block_ids):
         self.blocks = [str(b) for b in block_ids]
@@ -457,7 +457,7 @@ def _node_blocks(graph: onnx.GraphProto) -> tuple[list[str], dict[str, int | Non
 
 
 def _stage_ranks(strategy, ipus: dict[str, int | None]) -> dict[str, tuple[int, int]]:
-    """block -> (stage rank, ipu) before merging, per the strategy (spec §2.3)."""
+    """block -> (stage rank, ipu) before merging, per the strategy."""
     known = [b for b in ipus if b != _DEFAULT]
     ranks: dict[str, tuple[int, int]] = {}
     if strategy.stages:
@@ -566,7 +566,7 @@ def _check_order(graph: onnx.GraphProto, resolved: list[str], ranks: dict) -> No
 
 def check_pipeline_depth(placement: Placement, training: bool, accumulation: int,
                          device_iterations: int) -> None:
-    """The depth rules of spec §2.3 (the backend checks too; this message is the user's)."""
+    """The depth rules (the backend checks too; this message is the user's)."""
     if not placement.pipelined:
         return
     p = placement.num_stages
@@ -586,7 +586,7 @@ def check_pipeline_depth(placement: Placement, training: bool, accumulation: int
 
 def schedule_summary(placement: Placement, training: bool, accumulation: int,
                      device_iterations: int, replicas: int) -> str:
-    """Text: stages per IPU and the fill / main / flush cycle counts of spec §5.1."""
+    """Text: stages per IPU and the fill / main / flush cycle counts."""
     lines = [(f"execution: {placement.strategy}, {placement.ipus_per_replica} IPU(s) per "
               f"replica x {replicas} replica(s) = {placement.ipus_per_replica * replicas} IPU(s)")]
     p = placement.num_stages

@@ -1,4 +1,4 @@
-"""Registered buffers that ``forward`` updates in place, as device state (spec §2.10, P65).
+"""Registered buffers that ``forward`` updates in place, as device state.
 
 torch.export records an in-place buffer update (``+=``, ``copy_``, ``add_`` ...) as a
 BUFFER_MUTATION output; the dynamo exporter translates its new value but drops it from the

@@ -1,11 +1,11 @@
-"""Data loading in combined batches (spec §2.6, P46-P50).
+"""Data loading in combined batches.
 
 ``DataLoader`` is a real ``torch.utils.data.DataLoader`` whose batch is the *combined* batch:
 ``batch_size × deviceIterations × replicationFactor × gradientAccumulation`` samples, so one
 item feeds one wrapper call. ``AsynchronousDataAccessor`` loads batches on a background thread
 into a bounded queue so the host prepares the next batch while the device runs.
 
-With several processes (``Options.Distributed``, P49) each process reads its own contiguous
+With several processes (``Options.Distributed``) each process reads its own contiguous
 share of a map-style dataset, a whole number of combined batches, so every process makes the
 same number of calls: process p of P reads samples ``p·per .. (p+1)·per - 1`` with ``per =
 combined · (len // (combined · P))``. ``shuffle=True`` needs ``Options.randomSeed``: every
@@ -213,7 +213,7 @@ _END = object()
 
 
 class AsynchronousDataAccessor:
-    """Iterate a DataLoader (or any iterable) on a background thread (P48).
+    """Iterate a DataLoader (or any iterable) on a background thread.
 
     ``buffer_size`` batches are prepared ahead. ``load_indefinitely=True`` restarts the
     underlying iterable for every epoch. ``rebatched_size``: the worker concatenates (and

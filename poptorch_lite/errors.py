@@ -1,4 +1,4 @@
-"""The frontend's exceptions (spec §2.12, P70-P72) and where-in-user-code helpers.
+"""The frontend's exceptions and where-in-user-code helpers.
 
 Every message follows the contract of P72: what went wrong, where (the user's source line),
 the values involved and what to do. ``location`` holds the ``file:line`` (or the backend op)

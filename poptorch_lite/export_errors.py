@@ -101,7 +101,7 @@ def untranslated_ops(ep, custom_table: dict, excludes) -> list[tuple[str, str]]:
 
 
 # aten ops torch.export cannot capture (their output shape depends on the data) that are
-# losses of spec §2.8: refused by name rather than with the generic data-dependence hint.
+# losses: refused by name rather than with the generic data-dependence hint.
 _UNSUPPORTED_LOSSES = {"aten._ctc_loss": "F.ctc_loss / nn.CTCLoss"}
 
 

@@ -1,4 +1,4 @@
-"""Rewrites of the captured program before its ONNX export (spec §2.1, §2.10, P17, P65).
+"""Rewrites of the captured program before its ONNX export.
 
 - plain tensor attributes keep their host values through the trace, and their in-place
   updates become out-of-place ops (PopTorch compiles them as constants);

@@ -1,4 +1,4 @@
-"""Which traced values are torch losses (spec §2.8, P57).
+"""Which traced values are torch losses.
 
 While the frontend traces, calls to ``torch.nn.functional``'s loss functions (``nn`` loss modules
 go through them) run with a marker in the FX node metadata, so every node they create carries

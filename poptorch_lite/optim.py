@@ -1,4 +1,4 @@
-"""PopTorch's optimizer classes (spec §2.7, P51-P56): torch optimizers plus IPU settings.
+"""PopTorch's optimizer classes: torch optimizers plus IPU settings.
 
 Each class is the torch optimizer of the same name with PopTorch's extra arguments
 (``loss_scaling``, ``velocity_scaling``, accumulator dtypes, ``max_grad_norm`` ...) kept as

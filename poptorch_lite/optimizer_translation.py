@@ -1,4 +1,4 @@
-"""torch / lite optimizers as ``popart_backend`` optimizers (spec §2.7, P51-P56).
+"""torch / lite optimizers as ``popart_backend`` optimizers.
 
 ``translate(optimizer, model, weights)`` reads the optimizer's param groups and builds the
 backend optimizer for the weights of one compiled model: param group 0 gives the defaults,

@@ -1,4 +1,4 @@
-"""Flattened input signatures of a wrapper call (spec §2.1): ``forward``'s arguments bound by
+"""Flattened input signatures of a wrapper call: ``forward``'s arguments bound by
 name, flattened into tensor and constant leaves with their paths, and the combined-batch check.
 """
 
@@ -89,7 +89,7 @@ def _path_name(path) -> str:
 
 
 def check_combined_batch(signature: InputSignature, options) -> int:
-    """Each batched tensor's dim 0 must be a multiple of N·R·G (P24); returns that product."""
+    """Each batched tensor's dim 0 must be a multiple of N·R·G; returns that product."""
     n = options.device_iterations
     r = options.replication_factor
     group = options.input_replica_grouping[0]

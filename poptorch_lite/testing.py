@@ -1,11 +1,11 @@
-"""Comparison helpers for users' own models (spec §2.13, P73-P74).
+"""Comparison helpers for users' own models.
 
 ``assert_allclose(actual=..., expected=...)`` compares nested outputs with the per-dtype
-tolerances of STYLE.md §4; ``compare_with_cpu(model, inputs, ...)`` wraps a copy of a model,
+tolerances of STYLE.md; ``compare_with_cpu(model, inputs, ...)`` wraps a copy of a model,
 runs it and the eager model on the same inputs and checks outputs (and, after
 ``copyWeightsToHost()``, every parameter and buffer by name); ``run_reference(model,
-optimizer, batches, options)`` trains an eager model the way a training wrapper does (§2.4:
-micro-batch order, gradient accumulation, one optimizer step per device iteration) and returns
+optimizer, batches, options)`` trains an eager model the way a training wrapper does (micro-batch
+order, gradient accumulation, one optimizer step per device iteration) and returns
 what the wrapper would return for each call.
 """
 
@@ -113,7 +113,7 @@ def run_reference(model: torch.nn.Module, optimizer, batches, options=None, loss
     ``(n·G + g)·B …``) run forward and backward with the loss divided by G (Mean reduction; Sum
     keeps it), then ``optimizer.step()`` runs once. The loss is the output at ``loss_index``
     of the flattened result (default: the last 0-d float output). Returned outputs follow the
-    options' output mode (default Final), stacked as §2.4 says. Replication is not modelled.
+    options' output mode (default Final), stacked by output mode. Replication is not modelled.
     """
     options = Options() if options is None else options
     n = options.device_iterations

@@ -1,4 +1,4 @@
-"""Capture a ``torch.nn.Module`` as an annotated ONNX model (spec §4.3, P75-P77).
+"""Capture a ``torch.nn.Module`` as an annotated ONNX model.
 
 Pipeline: ``torch.export.export(strict=False)`` -> ``torch.onnx.export(ep, dynamo=True,
 optimize=False, opset_version=18)`` (the legacy TorchScript exporter only on request) -> lite
@@ -70,12 +70,12 @@ class TracedModel:
     # FQNs of the buffers forward updates in place (CopyVarUpdate nodes; BatchNorm's running
     # statistics, which the backend updates itself, are not listed)
     updated_buffers: tuple[str, ...] = ()
-    # In-place updates of forward's own state and inputs (spec §2.10 P65, §2.1 P5):
+    # In-place updates of forward's own state and inputs :
     updated_parameters: tuple[str, ...] = ()  # parameter FQNs among updated_buffers
     # (input leaf index, ONNX output with its new value): read back into the caller's tensor
     input_updates: tuple[tuple[int, str], ...] = ()
     mutation_locations: dict[str, str] = dataclasses.field(default_factory=dict)  # FQN/leaf path
-    loss_outputs: tuple[str, ...] = ()  # outputs computed by a torch loss function (P57)
+    loss_outputs: tuple[str, ...] = ()  # outputs computed by a torch loss function
 
 
 def _model_state_names(model: torch.nn.Module) -> dict[str, str]:
@@ -487,7 +487,7 @@ def unsupported_nodes(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def check_supported(traced: TracedModel) -> None:
-    """Raise one Error listing all unsupported nodes with their source lines (P76)."""
+    """Raise one Error listing all unsupported nodes with their source lines."""
     bad = unsupported_nodes(traced.proto)
     if not bad:
         return

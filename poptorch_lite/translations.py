@@ -1,4 +1,4 @@
-"""ONNX translations the frontend adds to torch's exporter for training semantics (spec §4.3).
+"""ONNX translations the frontend adds to torch's exporter for training semantics.
 
 ONNX has no notion of "no gradient here", but the backend differentiates the whole graph, so
 ATen ops whose *backward* differs from the derivative of their forward get a translation that

@@ -1,8 +1,8 @@
-"""The annotation API of the Builder (spec §3.4–§3.6, F20, F22, F24, F62, F107).
+"""The annotation API of the Builder.
 
 Placement (``virtualGraph``, ``pipelineStage``, ``executionPhase``), recomputation, name scopes,
 backend hints and the generic node-attribute API all end up as node attributes; the ``__``
-names of spec §3.6 are the contract with the importer (which maps ``__ipu_number``,
+names are the contract with the importer (which maps ``__ipu_number``,
 ``__pipeline_stage``, ``__execution_phase``, ``__recompute_output_in_backward_pass`` and
 ``__schedule_priority`` into OpSettings) and with the PyTorch frontend, which writes the same
 names. ``Builder`` inherits these methods from ``BuilderAnnotations``.
@@ -21,7 +21,7 @@ from ..errors import popart_exception
 from ..ir.op import RecomputeType
 from .base import make_attribute
 
-# Node attribute names of spec §3.6.
+# Node attribute names.
 IPU_ATTR = "__ipu_number"
 PIPELINE_STAGE_ATTR = "__pipeline_stage"
 EXECUTION_PHASE_ATTR = "__execution_phase"
@@ -48,7 +48,7 @@ def enum_int(value) -> int:
 
 
 def _tensor_location_ints(location) -> list[int]:
-    """``[storage, loadTileSet, storageTileSet, rts, commGroupType, groupSize]`` (spec §3.6)."""
+    """``[storage, loadTileSet, storageTileSet, rts, commGroupType, groupSize]``."""
     if isinstance(location, (list, tuple)):
         return [int(v) for v in location]
     domain = getattr(location, "shardingDomain", None)
@@ -130,7 +130,7 @@ class NameContextManager:
 
 
 class BuilderAnnotations:
-    """The annotation half of Builder (spec §3.4–3.6): node attributes, placement, hints.
+    """The annotation half of Builder: node attributes, placement, hints.
 
     Expects the Builder's ``_graph``, ``_ids``, ``_producer``, ``_context``, ``_name_scopes``
     and ``_changed()``.
@@ -140,7 +140,7 @@ class BuilderAnnotations:
         return "".join(scope + "/" for scope in self._name_scopes)
 
     def checkpointOutput(self, nodeOutputNames: Iterable[str]) -> list[str]:  # noqa: N802,N803
-        """An Identity per id, annotated RecomputeType.Checkpoint; returns the new ids (F24)."""
+        """An Identity per id, annotated RecomputeType.Checkpoint; returns the new ids."""
         ids = [nodeOutputNames] if isinstance(nodeOutputNames, str) else list(nodeOutputNames)
         results = []
         with Annotate(self, RECOMPUTE_ATTR, RecomputeType.Checkpoint):
@@ -148,7 +148,7 @@ class BuilderAnnotations:
                 results.append(self.aiOnnx.identity([tensor_id], debugContext="Checkpoint"))
         return results
 
-    # --- node lookup and the node-attribute API (F22) ----------------------------------------
+    # --- node lookup and the node-attribute API ----------------------------------------
 
     @staticmethod
     def _id_list(ids) -> list[str]:
@@ -281,7 +281,7 @@ class BuilderAnnotations:
         node = self._node_of(nodeOutputNames, "getAllNodeAttributeNames")
         return [a.name for a in node.attribute]
 
-    # --- placement annotations (F20, F62, F24; spec §3.4, §3.5) ------------------------------
+    # --- placement annotations ------------------------------
 
     def _placement(self, key: str, label: str, arg, value):
         """``label(ids, value)`` annotates nodes; ``label(value)`` is a context manager."""
@@ -378,7 +378,7 @@ class BuilderAnnotations:
 
     def outputTensorLocation(self, nodeOutputNames, value=None):  # noqa: N802,N803
         """``outputTensorLocation(ids, TensorLocation(...))``, or ``with
-        outputTensorLocation(TensorLocation(...)):`` (F107)."""
+        outputTensorLocation(TensorLocation(...)):``."""
         if value is None:
             return Annotate(self, OUTPUT_LOCATION_ATTR, _tensor_location_ints(nodeOutputNames))
         self._annotate(
@@ -398,7 +398,7 @@ class BuilderAnnotations:
     def getNameScope(self, name: str = "") -> str:  # noqa: N802
         return self._scope() + name
 
-    # --- backend hints (spec §3.5) -----------------------------------------------------------
+    # --- backend hints -----------------------------------------------------------
 
     def setPartialsType(self, nodeOutputName: str, partialsType: str) -> None:  # noqa: N802,N803
         kind = partialsType.lower()

@@ -1,9 +1,9 @@
-"""Builder: PopART's API for writing an ONNX ModelProto by hand (spec §3.1–§3.6, F12–F24).
+"""Builder: PopART's API for writing an ONNX ModelProto by hand.
 
-A Builder starts empty or from an existing model (path, bytes or ModelProto; F11, F12), adds
+A Builder starts empty or from an existing model (path, bytes or ModelProto), adds
 inputs, initializers, op nodes (through the generated opset objects of ``opsets.py``) and
 outputs, and returns the model with ``getModelProto()``. Placement and other annotations are
-written as ``__``-prefixed node attributes (spec §3.6) by the methods ``Builder`` inherits from
+written as ``__``-prefixed node attributes by the methods ``Builder`` inherits from
 ``annotations.BuilderAnnotations``; the importer turns them into ``OpSettings``.
 """
 
@@ -74,7 +74,7 @@ _OPSET_NAME = re.compile(r"aiOnnxOpset(\d+)$")
 
 
 class Builder(BuilderAnnotations):
-    """Build (or extend) an ONNX model the PopART way (F12)."""
+    """Build (or extend) an ONNX model the PopART way."""
 
     def __init__(self, modelProtoOrFilename=None, opsets: dict | None = None):  # noqa: N803
         self._opsets: dict[str, int] = {}  # domain -> version fixed so far
@@ -135,7 +135,7 @@ class Builder(BuilderAnnotations):
             f"{type(model).__name__}."
         )
 
-    # --- opsets (F17, F18) -------------------------------------------------------------------
+    # --- opsets -------------------------------------------------------------------
 
     def _fix_opset(self, domain: str, version: int, name: str | None = None) -> None:
         fixed = self._opsets.get(domain)
@@ -260,7 +260,7 @@ class Builder(BuilderAnnotations):
         numOutputs: int = 1,  # noqa: N803
         name: str = "",
     ) -> list[str]:
-        """A node of a custom op (F91); attribute types follow the Python values."""
+        """A node of a custom op; attribute types follow the Python values."""
         domain = domain or AI_ONNX
         if domain == AI_ONNX:
             raise popart_exception(
@@ -283,7 +283,7 @@ class Builder(BuilderAnnotations):
         const = aiOnnx.constant(np.asarray(shape, dtype=np.int64), debugContext=prefix + "_shape")
         return aiOnnx.reshape([args[0], const], debugContext=debugContext)
 
-    # --- inputs, initializers, outputs (F14–F16) ---------------------------------------------
+    # --- inputs, initializers, outputs ---------------------------------------------
 
     def addInputTensor(self, *args, **kwargs) -> str:  # noqa: N802
         """``addInputTensor(TensorInfo, settings=InputSettings(), debugContext="")`` or
@@ -345,7 +345,7 @@ class Builder(BuilderAnnotations):
         return tensor_id
 
     def addInitializedInputTensor(self, initVal, *args, **kwargs) -> str:  # noqa: N802,N803
-        """An initializer holding ``initVal``: a weight in training (F15).
+        """An initializer holding ``initVal``: a weight in training.
 
         ``(initVal, debugContext="")`` or ``(initVal, variableSettings, debugContext="")``.
         Variables shared by every replica (``VariableSettings()``, CommGroup All) are what the
@@ -377,14 +377,14 @@ class Builder(BuilderAnnotations):
         return tensor_id
 
     def addOutputTensor(self, outputName: str) -> None:  # noqa: N802,N803
-        """Mark ``outputName`` as an ONNX graph output (F16). Anchoring is separate."""
+        """Mark ``outputName`` as an ONNX graph output. Anchoring is separate."""
         self._check_known([outputName], "addOutputTensor")
         if outputName in self.getOutputTensorIds():
             raise popart_exception(f"addOutputTensor: '{outputName}' is already an output.")
         self._graph.output.append(helper.make_empty_tensor_value_info(outputName))
         self._changed()
 
-    # --- introspection (F19) -----------------------------------------------------------------
+    # --- introspection -----------------------------------------------------------------
 
     def _proto(self) -> onnx.ModelProto:
         model = copy.deepcopy(self._model)
@@ -476,7 +476,7 @@ class Builder(BuilderAnnotations):
     def setGraphName(self, name: str) -> None:  # noqa: N802
         self._graph.name = name
 
-    # --- subgraphs (F23) ---------------------------------------------------------------------
+    # --- subgraphs ---------------------------------------------------------------------
 
     def createSubgraphBuilder(self) -> "Builder":  # noqa: N802
         """A child builder whose graph is passed to ``logical_if``, ``loop``, ``scan`` or

@@ -2,7 +2,7 @@
 
 Each op method is generated, not written by hand: for ai.onnx and ai.onnx.ml the op list and
 every signature come from the ``onnx.defs`` schema of that opset version; the ai.graphcore ops
-(spec §6.3) have no ONNX schema, so each op class declares its method (``Op.builder_method``,
+have no ONNX schema, so each op class declares its method (``Op.builder_method``,
 ir/signature.py) and ``graphcore_specs`` reads the declarations from the op registry. One
 ``OpSpec`` describes an op, ``make_method`` turns it into a method with PopART's calling
 convention::
@@ -172,7 +172,7 @@ def onnx_specs(domain: str, version: int) -> dict[str, OpSpec]:
     return specs
 
 
-# --- ai.graphcore (spec §6.3) ----------------------------------------------------------------
+# --- ai.graphcore ----------------------------------------------------------------
 
 
 def _graphcore_spec(op_type: str, method: BuilderMethod) -> OpSpec:
@@ -207,7 +207,7 @@ def graphcore_specs() -> dict[str, OpSpec]:
     return dict(sorted(specs.items()))
 
 
-# call(args, num_outputs, callee): the callee's inputs take ``args`` in order (F23).
+# call(args, num_outputs, callee): the callee's inputs take ``args`` in order.
 _CALL = OpSpec(
     "Call", AI_GRAPHCORE, 1, 0, 1 << 30, 1, 1 << 30,
     attrs=(AttrSpec("callee", AttributeProto.GRAPH, REQUIRED),),

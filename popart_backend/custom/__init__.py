@@ -1,4 +1,4 @@
-"""Custom operators in Python (spec §7, F83–F94): ``import popart_backend.custom``.
+"""Custom operators in Python: ``import popart_backend.custom``.
 
 PopART users write an Op, a GradOp and two Opx classes in C++ and load a shared library. Here
 they write one Python class per op (shape inference, attributes, grad ops, a numpy ``compute``)

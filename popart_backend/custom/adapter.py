@@ -1,4 +1,4 @@
-"""``CustomOpAdapter``: a registered user op class as an IR op (spec §7, F83-F94, DESIGN decision
+"""``CustomOpAdapter``: a registered user op class as an IR op (DESIGN decision
 2). Shape inference calls ``setup``, the kernel calls ``compute`` on zero-copy numpy views, and
 ``grad`` inserts the user's grad ops; ``custom.register_op`` builds one adapter subclass per
 registration."""

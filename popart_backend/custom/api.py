@@ -1,4 +1,4 @@
-"""The classes a custom-op author uses (spec §7, F83, F84): ``Op`` and ``GradOp`` to subclass,
+"""The classes a custom-op author uses: ``Op`` and ``GradOp`` to subclass,
 ``ComputeContext`` (what ``compute`` is told), ``GradOpInType`` and ``GradInOutMapper``, plus
 the table of registered custom ops that ``custom.register_op`` fills."""
 
@@ -30,7 +30,7 @@ class GradOpInType(enum.Enum):
 
 
 class GradInOutMapper(NamedTuple):
-    """Grad op input ``iGrad`` is forward tensor ``iNonGrad`` of kind ``type`` (F84)."""
+    """Grad op input ``iGrad`` is forward tensor ``iNonGrad`` of kind ``type``."""
 
     iGrad: int  # noqa: N815 - PopART's names
     iNonGrad: int  # noqa: N815
@@ -54,7 +54,7 @@ class ComputeContext:
 
 
 class Op:
-    """Base of a custom op (F83). Subclass, then ``@register_op(opid, definition=...)``.
+    """Base of a custom op. Subclass, then ``@register_op(opid, definition=...)``.
 
     The registry builds it as ``cls(opid, attributes, settings)``; ``attributes`` is a dict of
     the node's attribute values (int, float, str or tuples of them).
@@ -110,7 +110,7 @@ class Op:
 
 
 class GradOp(Op):
-    """Base of a custom grad op (F84): built by the forward op's ``grad_ops()``.
+    """Base of a custom grad op: built by the forward op's ``grad_ops()``.
 
     ``grad_input_info``: ``[(iGrad, iNonGrad, GradOpInType)]``, grad op input ``iGrad`` is the
     forward input (``In``), forward output (``Out``) or output gradient (``GradOut``)

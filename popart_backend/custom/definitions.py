@@ -1,4 +1,4 @@
-"""Checks of a custom op against its declarations (spec §7.2, F84, F88): ``OpDefinition``
+"""Checks of a custom op against its declarations: ``OpDefinition``
 normalisation, attribute regexes, input/output dtypes, and a grad op's wiring tables."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _data_types(names, where: str) -> tuple[DataType, ...]:
 
 
 def _normalize_definition(opid, definition) -> OpDefinition | None:
-    """Accept §7.2's ``("name", ["FLOAT", ...])`` pairs as well as Input/Output objects."""
+    """Accept ``("name", ["FLOAT", ...])`` pairs as well as Input/Output objects."""
     if definition is None:
         return None
     if not isinstance(definition, OpDefinition):

@@ -3,7 +3,7 @@
 ``analyse()`` is what ``prepareDevice()`` calls once the schedule is fixed; the session keeps the
 ``DeviceModel`` for ``getSummaryReport()``, ``getReport()`` and ``getCycleCount()``. It resolves
 the tensor locations (transforms/tensor_locations.py) and gathers the host streams with their
-tile sets and exchange strategies (spec §9), which both models read.
+tile sets and exchange strategies, which both models read.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class DeviceModel:
         check_fits(self.memory, summary_report)
 
     def cycle_count(self, id: str = "") -> int:  # noqa: A002 - PopART's argument name
-        """Cycles of one ``run()`` (F56). ``id`` "" is the whole program (the step). "ipu<N>"
+        """Cycles of one ``run()``. ``id`` "" is the whole program (the step). "ipu<N>"
         is the cycles IPU N is busy within the step: its ops (compute, exchange, syncs,
         collectives), the IPU-Link copies it sends or receives and the streaming-memory
         transfers of its tensors; not its waits for other IPUs or the host. On one IPU that is

@@ -1,4 +1,4 @@
-"""Cycle model of the simulated IPU (DESIGN decision 8; spec Appendix A, F56).
+"""Cycle model of the simulated IPU (DESIGN decision 8; spec Appendix A).
 
 Each op is one BSP superstep on its IPU (``OpSettings.ipu``; None is IPU 0):
 
@@ -13,7 +13,7 @@ A tensor read on another IPU than its producer's crosses the IPU-Links: bytes / 
 plus an IPU sync. Host streams cross the host link once per micro-batch (inputs) and per step
 (anchors), each with a host sync (modelled as an IPU sync).
 
-Off-chip tensors (tensor locations, spec §10) cross to streaming memory: a RemoteLoad before
+Off-chip tensors (tensor locations) cross to streaming memory: a RemoteLoad before
 each fragment execution that uses an off-chip variable and a RemoteStore after one that writes it;
 an off-chip activation is stored once and loaded for each reader. Each transfer costs bytes / the
 host link bandwidth (streaming memory is reached over the host / gateway link; no separate figure
@@ -25,11 +25,11 @@ runs of the accumulate outer fragment, and the host transfers. A sharded program
 IPUs, no pipelining) is serial too: one IPU works while the others wait for its results.
 Replicas run in parallel on their own IPUs, so they do not lengthen the step; their collectives
 cross the IPU-Links as a ring (``collective_cycles`` in device/op_cost.py). The groups are
-drawn from all replicas of all processes under global replication (spec §5.3:
-``globalReplicationFactor``), since a collective reduces over every instance's replicas.
+drawn from all replicas of all processes under global replication (``globalReplicationFactor``),
+since a collective reduces over every instance's replicas.
 
-A pipelined program (spec §5.1) follows the cycle table of device/pipeline_cost.py; host streams
-on IO tiles (spec §9) overlap compute as device/io_overlap.py describes. This module runs the
+A pipelined program follows the cycle table of device/pipeline_cost.py; host streams
+on IO tiles overlap compute as device/io_overlap.py describes. This module runs the
 schedule, adds the IPU-Link copies, streaming-memory and host transfers (the records of
 device/transfers.py), and sums the step.
 """

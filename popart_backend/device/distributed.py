@@ -1,4 +1,4 @@
-"""How the replicas of a simulated device reach each other (spec §5.3, F71, F74; DESIGN 6).
+"""How the replicas of a simulated device reach each other (DESIGN 6).
 
 A device holds its local replicas (``replicatedGraphCount``). With global replication
 (``enableDistributedReplicatedGraphs``) each process is one instance holding the global
@@ -57,7 +57,7 @@ def distributed_timeout() -> float:
 
 
 def check_global_replication(options) -> None:
-    """The §5.3 checks of the global replication options (only when they are enabled)."""
+    """The checks of the global replication options (only when they are enabled)."""
     if not options.enableDistributedReplicatedGraphs:
         return
     grf = options.globalReplicationFactor

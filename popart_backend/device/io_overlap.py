@@ -1,6 +1,6 @@
 """Host streams and the IO-tile overlap of their transfers with compute.
 
-Overlapped IO (spec §9, F100-F104). With ``numIOTiles`` = n, ops compute on the remaining
+Overlapped IO. With ``numIOTiles`` = n, ops compute on the remaining
 tilesPerIPU − n tiles. A host stream on ``TileSet.IO`` with ``ExchangeStrategy`` OverlapInnerLoop
 or OverlapLoops is prefetched by the IO tiles while the compute tiles work. The loops of a step
 are an outer loop of M = batchesPerStep and an inner loop of N = accumulationFactor iterations

@@ -2,14 +2,14 @@
 
 A Program names everything the device needs and nothing about how the IR was built: the
 schedule of the main graph, the host input streams read every micro-batch, the anchor streams
-written back (with the §4.2 arithmetic already applied), the weights, and the loop counts of
+written back (with the arithmetic already applied), the weights, and the loop counts of
 one ``run()`` (batches per step × accumulation factor × local replicas, in that nesting).
 
 Training programs have two fragments (docs/training.md): ops of the ``Normal`` context run
 every micro-batch, ops of the ``AccumulateOuterFragment`` once per weight update, after the
 last micro-batch of its accumulation window. Only variables may carry values between them.
 
-A pipelined program (spec §5.1) also says which stage runs each op, host stream and anchor,
+A pipelined program also says which stage runs each op, host stream and anchor,
 and its depth G (micro-batches per pipeline run): the simulator runs the fill/main/flush cycles
 literally. Its schedule lists the Normal ops stage by stage, each stage's inter-IPU copies after
 its compute, so slot lifetimes computed over it hold in every cycle.
@@ -62,7 +62,7 @@ class Program:
     schedule: list[Op]
     inputs: list[InputStream]
     # Model inputs nothing reads (e.g. only their shape was used and got folded): a buffer
-    # given for them is ignored with a warning (spec §4.1).
+    # given for them is ignored with a warning.
     unused_inputs: frozenset[str]
     anchors: list[AnchorStream]
     weights: list[str]  # VARIABLE tensors (device-resident, host-visible)

@@ -1,4 +1,4 @@
-"""Device selection (spec §4.4, §5.4, Appendix B; F40–F46, F76).
+"""Device selection (Appendix B).
 
 ``DeviceManager`` hands out ``DeviceInfo`` objects: host-emulated devices (CPU, IpuModel, Sim),
 offline devices (compile only) and groups of a simulated IPU machine (by default 16 ``ipu2``
@@ -82,7 +82,7 @@ _HOST_DEVICE_TYPES = (DeviceType.Cpu, DeviceType.IpuModel, DeviceType.Sim)
 
 
 def check_sync_pattern(device_type: DeviceType, pattern: SyncPattern) -> None:
-    """Raise unless ``pattern`` is usable on ``device_type`` (F77)."""
+    """Raise unless ``pattern`` is usable on ``device_type``."""
     if not isinstance(pattern, SyncPattern):
         raise popart_exception(f"pattern must be a SyncPattern, got {pattern!r}.")
     if device_type in _HOST_DEVICE_TYPES and pattern is not SyncPattern.Full:
@@ -93,7 +93,7 @@ def check_sync_pattern(device_type: DeviceType, pattern: SyncPattern) -> None:
 
 
 class DeviceInfo:
-    """One device: what the session runs on. Read-only properties follow PopART (F46)."""
+    """One device: what the session runs on. Read-only properties follow PopART."""
 
     def __init__(
         self,
@@ -221,7 +221,7 @@ def _is_power_of_two(n: int) -> bool:
 
 
 class DeviceManager:
-    """Process-wide singleton that creates and hands out devices (F40)."""
+    """Process-wide singleton that creates and hands out devices."""
 
     _instance: DeviceManager | None = None
 
@@ -332,7 +332,7 @@ class DeviceManager:
         selectionCriterion: DeviceSelectionCriterion = DeviceSelectionCriterion.First,  # noqa: N803
     ) -> DeviceInfo | None:
         """A free machine device of exactly ``numIpus`` IPUs, attached unless OnDemand/Never;
-        None if every such device is busy or the machine has none that large (F43)."""
+        None if every such device is busy or the machine has none that large."""
         if not isinstance(numIpus, int) or not _is_power_of_two(numIpus):
             raise popart_exception(
                 f"acquireAvailableDevice: numIpus={numIpus!r} is not a power of two; IPUs are "
@@ -366,7 +366,7 @@ class DeviceManager:
         connectionType: DeviceConnectionType = DeviceConnectionType.Always,  # noqa: N803
         tilesPerIpu: int = 0,  # noqa: N803
     ) -> DeviceInfo | None:
-        """Machine device ``id`` (as listed by ``enumerateDevices``); None if it is busy (F44)."""
+        """Machine device ``id`` (as listed by ``enumerateDevices``); None if it is busy."""
         if not isinstance(id, int) or not 0 <= id < len(self._groups):
             raise popart_exception(
                 f"acquireDeviceById: no device with id {id!r}; the simulated machine of "
@@ -407,7 +407,7 @@ class DeviceManager:
         return self.createOfflineIPUDevice({"numIPUs": numIpus, "ipuVersion": system})
 
     def setOnDemandAttachTimeout(self, attachTimeout: int) -> None:  # noqa: N802,N803
-        """Seconds an OnDemand device keeps retrying to attach (F45)."""
+        """Seconds an OnDemand device keeps retrying to attach."""
         valid = isinstance(attachTimeout, int) and not isinstance(attachTimeout, bool)
         if not valid or attachTimeout < 0:
             raise popart_exception(
@@ -426,7 +426,7 @@ class DeviceManager:
         self, opts: Mapping[str, Any] | None = None
     ) -> DeviceInfo:
         """An IPU-Model device; keys numIPUs (1), tilesPerIPU (4), ipuVersion ("ipu2"),
-        compileIPUCode (True), values as str, int or bool (F41)."""
+        compileIPUCode (True), values as str, int or bool."""
         return self._create_host_device(DeviceType.IpuModel, opts)
 
     def createSimDevice(self, opts: Mapping[str, Any] | None = None) -> DeviceInfo:  # noqa: N802

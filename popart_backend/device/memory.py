@@ -1,4 +1,4 @@
-"""Memory model of the simulated IPU (DESIGN decision 8; spec §4.5, §9, §10, Appendix A).
+"""Memory model of the simulated IPU (DESIGN decision 8).
 
 From a scheduled graph (the plan's op order) and the device's ``IpuSpec`` it computes, per IPU
 (``OpSettings.ipu``; None is IPU 0):
@@ -13,21 +13,21 @@ From a scheduled graph (the plan's op order) and the device's ``IpuSpec`` it com
 - code: ``tile_code_base_bytes`` on every tile plus ``vertex_bytes_per_op_tile`` for each op on
   each tile where it has work (the tiles of its largest output).
 
-Off-chip tensors (tensor locations, F105-F108) live in the IPU's streaming memory pool
+Off-chip tensors (tensor locations) live in the IPU's streaming memory pool
 (``IpuSpec.streaming_memory_bytes``) and take SRAM only while they are used: a variable from its
 first to its last use within each fragment (Normal, accumulate outer fragment) that reads it, an
 activation at its producer and at each reader (it is stored after it is made and loaded for each
 use). These transient copies are the "remote buffers" category, part of the peak over the
 schedule.
 
-IO tiles (F100-F104): with ``numIOTiles`` = n, the last n tiles of each IPU are IO tiles and the
+IO tiles: with ``numIOTiles`` = n, the last n tiles of each IPU are IO tiles and the
 first tilesPerIPU - n compute tiles hold everything else. Each host stream on ``TileSet.IO``
 keeps ``depth`` buffers there: 1 for JustInTime, 2 for OverlapInnerLoop (the micro-batch in use
 and the prefetched next one), 3 for OverlapLoops (also the first micro-batch of the next outer
 iteration, prefetched across the outer loop boundary). Off-chip tensors loaded and stored on
 ``TileSet.IO`` keep their transient buffers there too.
 
-Recomputation (spec §5.2): a recompute clone (``RecomputeType.Recomputed``) exists so that the
+Recomputation: a recompute clone (``RecomputeType.Recomputed``) exists so that the
 forward activation it replaces need not stay live across the gap between the forward and the
 backward pass. Its own output must then be live only from where it is recomputed to its readers,
 so the liveness walk uses ``recompute_late_order``: the schedule with every clone moved as late

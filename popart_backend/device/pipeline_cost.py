@@ -1,8 +1,8 @@
-"""Cycle table of a pipelined program and the host syncs of a ``SyncPattern`` (spec §5.4,
-F77), built from the per-op costs and transfers that ``device/cost.py`` collects in a
+"""Cycle table of a pipelined program and the host syncs of a ``SyncPattern``, built from the
+per-op costs and transfers that ``device/cost.py`` collects in a
 ``CycleResult``.
 
-A pipelined program (spec §5.1) is timed as the simulator runs it. One pipeline run has
+A pipelined program is timed as the simulator runs it. One pipeline run has
 G + P − 1 cycles (G = depth, P = stages counting forward and backward ones): P − 1 fill cycles,
 G − P + 1 main cycles and P − 1 flush cycles; cycle c runs every stage s with s ≤ c < s + G.
 In a cycle each IPU works serially through the stages it hosts that are active (their ops and
@@ -211,7 +211,7 @@ def _pipeline_cycles(spec: IpuSpec, ops: Sequence[OpCycles], links: Sequence[Lin
 
 def host_sync_ipus(pattern, num_ipus: int, host_ipus: Iterable[int]) -> frozenset[int]:
     """The IPUs that stall while ``host_ipus`` exchange with the host, under sync pattern
-    ``pattern`` (a ``device.manager.SyncPattern``; spec §5.4, F77).
+    ``pattern`` (a ``device.manager.SyncPattern``).
 
     Full: every IPU of the device joins each host sync. SinglePipeline: each IPU syncs with the
     host on its own, so only the IPUs doing the transfer stall. ReplicaAndLadder: the IPUs form

@@ -13,7 +13,7 @@ A pipelined plan (``num_stages`` > 0) also splits the Normal fragment by pipelin
 Slot frees come from the stage-ordered schedule (lower.py), so they hold however the run loop
 interleaves stages within a cycle.
 
-Replicas (spec §5.3, DESIGN decision 6): the steps and slot numbers are shared, the values are
+Replicas (DESIGN decision 6): the steps and slot numbers are shared, the values are
 not. ``add_replicas(n)`` gives each local replica its own slot list (``replica_values``) with
 its own copy of every variable (weights, optimizer state, accumulators, running statistics,
 stashes); constants stay shared. A step list then runs as segments split at the collective

@@ -1,11 +1,11 @@
-"""The simulated device: executes a ``Program`` with host step IO (spec §4.1, §4.2).
+"""The simulated device: executes a ``Program`` with host step IO.
 
 Built once at ``prepareDevice()``: the execution plan (DESIGN decision 9) and, per micro-batch
 of a run, the list of anchor writes it performs, so ``run()`` is a loop over micro-batches that
 binds input chunks to slots, executes the plan and copies anchor values into host arrays.
 
 Micro-batch ``k = (b·af + a)·rf + r`` runs batch b, accumulation step a on local replica r; it
-reads chunk k of every input array. Replicas are real (DESIGN decision 6, spec §5.3): each has
+reads chunk k of every input array. Replicas are real (DESIGN decision 6): each has
 its own slots and variables (``ExecutionPlan.add_replicas``) and they run in lockstep, every
 replica's micro-batch (b, a) before the next, so a collective (the gradient all-reduce) reads
 all of them; replicas of other processes join through ``device/distributed.py``.
@@ -15,7 +15,7 @@ the plan's accumulate outer fragment runs (optimizer step, accumulator reset). B
 micro-batch the device writes the random-seed variable (user seed, micro-batch counter), so
 seeded ops draw new values each micro-batch and replay them after ``set_seed``.
 
-Pipelined programs (spec §5.1, DESIGN decision 7) run the cycle schedule literally: per
+Pipelined programs (DESIGN decision 7) run the cycle schedule literally: per
 window (one weight update with accumulation, else the whole step), all replicas in lockstep, cycle c of
 ``G + P - 1`` runs, in stage order, every stage s with ``s <= c < s + G`` on micro-batch
 ``c - s`` (its host inputs first, its anchors after), then the stages' inter-IPU copies,
@@ -154,7 +154,7 @@ class SimulatedDevice:
                     replica[slots[tensor_id]].copy_(value)
 
     def _write_shards(self, tensor_id: str, sharding, full: torch.Tensor) -> None:
-        """Each local replica's slot gets its own shard of ``full`` (spec §10.3)."""
+        """Each local replica's slot gets its own shard of ``full``."""
         shards = sharding.layout.split(full)
         slot = self.plan.slot[tensor_id]
         for r, replica in enumerate(self.plan.replica_values):
@@ -171,7 +171,7 @@ class SimulatedDevice:
             if sharding is None:
                 out[tensor_id] = to_host(values[slots[tensor_id]]).copy()
                 continue
-            # rts.py keeps shard groups inside one instance (spec §10.4), so all are local.
+            # rts.py keeps shard groups inside one instance, so all are local.
             group = sharding.group_of(self.comm.offset + replica)
             shards = [self.plan.replica_values[r - self.comm.offset][slots[tensor_id]]
                       for r in group]
@@ -364,7 +364,7 @@ class SimulatedDevice:
 
     def pipeline_cycles(self) -> list[list[tuple[int, int]]]:
         """Per cycle of one pipeline run, the (stage, micro-batch within the run) pairs it
-        executes, in execution order (spec §5.1)."""
+        executes, in execution order."""
         p = self.program
         stages, depth = p.num_stages, p.pipeline_depth
         return [[(s, c - s) for s in range(stages) if s <= c < s + depth]

@@ -57,7 +57,7 @@ from .value_io import ValueIO
 
 _log = logging.getLogger("popart:ir")
 
-# Node attributes the Builder / frontend write for placement (spec §3.6); not op attributes.
+# Node attributes the Builder / frontend write for placement; not op attributes.
 ANNOTATION_PREFIX = "__"
 
 
@@ -69,7 +69,7 @@ class LoadedModel:
 
 
 def load_model(model) -> LoadedModel:
-    """Accept a file path, serialized bytes or a ModelProto (F2). Raises ModelError when unreadable."""
+    """Accept a file path, serialized bytes or a ModelProto. Raises ModelError when unreadable."""
     if isinstance(model, onnx.ModelProto):
         return LoadedModel(model, Path.cwd())
     if isinstance(model, (bytes, bytearray)):
@@ -177,7 +177,7 @@ def _comm_group(value) -> tuple[int, int] | None:
 
 
 def tensor_info_of(value_info: onnx.ValueInfoProto, shape_info: dict) -> TensorInfo:
-    """Static TensorInfo of a graph input; unknown dims must come from ``inputShapeInfo`` (F7)."""
+    """Static TensorInfo of a graph input; unknown dims must come from ``inputShapeInfo``."""
     name = value_info.name
     if name in shape_info:
         return shape_info[name]

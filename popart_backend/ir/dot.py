@@ -1,4 +1,4 @@
-"""DOT (Graphviz) snapshots of the IR at PopART's check points (spec §8, F98).
+"""DOT (Graphviz) snapshots of the IR at PopART's check points.
 
 Check points: ``FWD0`` right after the ONNX import, ``FWD1`` after the forward passes (before
 autodiff; for inference, after all passes), ``BWD0`` right after autodiff, ``PREALIAS`` after

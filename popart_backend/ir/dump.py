@@ -1,4 +1,4 @@
-"""The IR dump: the graphs of an Ir as JSON in PopART's format (spec §8, F99).
+"""The IR dump: the graphs of an Ir as JSON in PopART's format.
 
 ``{"<graph>": [op, ...], ...}`` with the main graph named ``maingraph`` (or the name the builder
 gave the ONNX graph) and each op

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class RecomputeType(enum.Enum):
-    """Per-op recomputation annotation (spec §3.5)."""
+    """Per-op recomputation annotation."""
 
     Undefined = 0
     Checkpoint = 1

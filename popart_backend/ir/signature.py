@@ -1,4 +1,4 @@
-"""The Builder method of an op that ONNX has no schema for (the ai.graphcore ops, spec §6.3):
+"""The Builder method of an op that ONNX has no schema for (the ai.graphcore ops):
 its name, argument counts and attributes, declared on the op class as ``Op.builder_method`` so
 that adding such an op touches its class only. ``builder/opsets.py`` turns each declaration into
 a ``builder.aiGraphcore.<name>`` method, as it turns the ONNX schemas into ``aiOnnx`` methods.

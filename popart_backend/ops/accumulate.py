@@ -1,4 +1,4 @@
-"""In-place accumulator ops of gradient accumulation (spec §5.3, F73, F75): ai.graphcore
+"""In-place accumulator ops of gradient accumulation: ai.graphcore
 ``Accumulate`` and ``AccumulatorScale``.
 
 Both write their first input's storage (``modifies_inputs = (0,)``) and return it, so the

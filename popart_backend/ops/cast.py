@@ -1,4 +1,4 @@
-"""Cast and CastLike, every ONNX version (spec §6, F78-F82), and their gradient.
+"""Cast and CastLike, every ONNX version, and their gradient.
 
 Conversion rules (the Cast schema's tables), computed on the simulator's storage tensors
 (``dtypes`` module docstring: narrow floats are held as exact float32 values, int4/int2 in

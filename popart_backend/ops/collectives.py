@@ -1,4 +1,4 @@
-"""Cross-replica collectives (spec §5.3, §10.3, §10.4; F71, F73, F109-F111): ReplicatedAllReduce,
+"""Cross-replica collectives: ReplicatedAllReduce,
 and for replicated tensor sharding (RTS) ReplicatedReduceScatter and ReplicatedAllGather.
 
 A collective reads the same tensor on every replica of its group and writes a result to each.
@@ -11,12 +11,12 @@ local replica's output. ``kernel()`` is the one-replica case.
 Sums run in a fixed order, replica 0 + 1 + 2 + ... of each group, so results are the same
 on every replica, every run and every process layout (DESIGN decision 6).
 
-Replica groups (``CommGroup``, spec §10.4), for N replicas and group size k, m = N / k:
+Replica groups (``CommGroup``), for N replicas and group size k, m = N / k:
 All = one group; Consecutive = {0..k-1}, {k..2k-1}, ...; Orthogonal = {0, m, 2m, ...},
 {1, m+1, ...}, ...; Ungrouped = every replica alone. The builder's ``commGroup`` annotation
 (``OpSettings.comm_group``) picks it; none means All.
 
-Sharding (§10.3): a tensor of n elements split over a group of k replicas gives each replica
+Sharding: a tensor of n elements split over a group of k replicas gives each replica
 ``s = ceil(n/k)`` elements. The first ``n − k·(s−1)`` replicas hold s real elements, the others
 s − 1 real elements and one zero pad, so every shard has the same shape ``[s]`` and all replicas
 run the same code (``ShardLayout``). The reduce-scatter sums over the group, then hands member j
@@ -153,7 +153,7 @@ class ReplicatedAllReduce(Op):
 
 @dataclass(frozen=True)
 class ShardLayout:
-    """How n elements are spread over k equal shards of ``shard_size`` elements (§10.3).
+    """How n elements are spread over k equal shards of ``shard_size`` elements.
 
     ``counts[j]`` / ``starts[j]``: the real elements shard j holds and where they start in the
     flat tensor. ``split_index`` (long [k·s]) picks, from the flat tensor with one zero appended,
@@ -182,7 +182,7 @@ class ShardLayout:
 
 @lru_cache(maxsize=256)
 def shard_layout(num_elements: int, num_shards: int) -> ShardLayout:
-    """The §10.3 layout of ``num_elements`` over ``num_shards`` replicas (cached: ops and the
+    """The sharded layout of ``num_elements`` over ``num_shards`` replicas (cached: ops and the
     device share it). Example: 30 elements over 4 -> shards of 8 holding 8, 8, 7, 7 elements."""
     n, k = num_elements, num_shards
     if k < 1:

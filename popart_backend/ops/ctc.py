@@ -1,4 +1,4 @@
-"""ai.graphcore CTC ops (``builder.aiGraphcore.ctcloss`` / ``ctcbeamsearchdecoder``, spec §6.3).
+"""ai.graphcore CTC ops (``builder.aiGraphcore.ctcloss`` / ``ctcbeamsearchdecoder``).
 
 The loss uses torch's CTC kernels directly (aten ``_ctc_loss`` and its backward kernel, not
 autograd) with PopART's time-major layout, which is torch's: log-probabilities [T, N, C].

@@ -1,5 +1,5 @@
-"""ai.graphcore slicing at run-time offsets (``builder.aiGraphcore.dynamic*``, ``sequenceslice``,
-spec §6.3): DynamicSlice/Update/Zero/Add and SequenceSlice, with their gradients."""
+"""ai.graphcore slicing at run-time offsets (``builder.aiGraphcore.dynamic*``, ``sequenceslice``):
+DynamicSlice/Update/Zero/Add and SequenceSlice, with their gradients."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 Min; Where; with their gradients. Sibling modules hold the other elementwise families: ``unary``
 (math), ``activations``, ``logic`` (comparisons, logic, bitwise) and ``cast``.
 
-Versions: each op registers every ONNX since-version from the first one PopART 2.3 lists
-(spec §6.1) or, where that is later, from the version in force at opset 6 (the oldest opset the
+Versions: each op registers every ONNX since-version from the first one PopART 2.3 lists or, where
+that is later, from the version in force at opset 6 (the oldest opset the
 importer accepts); ops PopART lacks start at their first ONNX version. Since-versions that only
 widened the type list share one class. Inputs are checked against the ONNX type constraints of
 the resolved version (``base.check_dtypes``), so every kernel sees the dtypes its version allows.

@@ -1,4 +1,4 @@
-"""Ops that make tensors from shapes and constants (spec §6.1, F78): Shape, Size, Range,
+"""Ops that make tensors from shapes and constants: Shape, Size, Range,
 ConstantOfShape, Constant, EyeLike and Trilu, at every ai.onnx since-version <= 28.
 
 Shape, Size and EyeLike fold from static input infos (``fold_from_infos``), and Constant folds

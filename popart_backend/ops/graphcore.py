@@ -1,4 +1,4 @@
-"""ai.graphcore ops a user can add with ``builder.aiGraphcore`` (spec §6.3), with their gradients.
+"""ai.graphcore ops a user can add with ``builder.aiGraphcore``, with their gradients.
 
 The losses (IdentityLoss, L1, Nll) live in ``loss.py``, LSTM in ``graphcore_lstm.py``, MultiConv
 in ``multiconv.py``, PackedDataBlock in ``packed_data_block.py``, the dynamic slices in

@@ -1,4 +1,4 @@
-"""ai.graphcore elementwise ops (spec §6.3): Atan2, the bitwise ops, Expm1, Log1p, Gelu, Swish,
+"""ai.graphcore elementwise ops: Atan2, the bitwise ops, Expm1, Log1p, Gelu, Swish,
 Round, Fmod / Remainder (with the Trunc helper), Scale and ScaledAdd, with their gradients."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""ai.graphcore ops that pass a tensor through or make one without computing (spec §6.3): Detach,
+"""ai.graphcore ops that pass a tensor through or make one without computing: Detach,
 Nop, PrintTensor, Abort, CopyVarUpdate and Init. ReplicatedAllReduce is a cross-replica
 collective and lives in collectives.py."""
 

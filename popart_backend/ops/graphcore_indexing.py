@@ -1,4 +1,4 @@
-"""ai.graphcore indexing ops (spec §6.3): Slice (starts/ends/axes as attributes), GroupedGather
+"""ai.graphcore indexing ops: Slice (starts/ends/axes as attributes), GroupedGather
 and GroupedScatterReduce (a gather / scatter per group along the leading group axis), Bucketize
 and Sort, with the gradients of those that have one.
 

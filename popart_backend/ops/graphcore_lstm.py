@@ -1,4 +1,4 @@
-"""ai.graphcore LSTM (``builder.aiGraphcore.lstm``, spec §6.3) and its gradient, PopartLSTMGrad.
+"""ai.graphcore LSTM (``builder.aiGraphcore.lstm``) and its gradient, PopartLSTMGrad.
 
 PopART's own LSTM keeps its weights in Poplar's layout rather than ONNX's:
 

@@ -1,4 +1,4 @@
-"""More ai.graphcore ops of the Builder (spec §6.3): NearbyInt, IncrementMod, TensorRemap,
+"""More ai.graphcore ops of the Builder: NearbyInt, IncrementMod, TensorRemap,
 NormalizeImage and ai.graphcore BatchNormalization, with their gradients where they have one.
 
 ``TensorRemapType`` arrives as an int (FwdBwdReverse 0, FwdBwd 1, Fwd 2), an enum member or its

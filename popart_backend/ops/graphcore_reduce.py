@@ -1,4 +1,4 @@
-"""ai.graphcore reductions and scatter (spec §6.3): ReduceMedian and ScatterReduce, each with its
+"""ai.graphcore reductions and scatter: ReduceMedian and ScatterReduce, each with its
 gradient op. ``ScatterReduction`` arrives as the lower-case name the builder writes."""
 
 from __future__ import annotations

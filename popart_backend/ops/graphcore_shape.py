@@ -1,4 +1,4 @@
-"""ai.graphcore shape ops (spec §6.3): Reshape, Reverse, Subsample (and its gradient) and the
+"""ai.graphcore shape ops: Reshape, Reverse, Subsample (and its gradient) and the
 builder's ai.graphcore spelling of DepthToSpace."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The B-spline ops of spline-based graph convolutions (PyTorch Geometric's SplineConv, spec
-§6.3): SplineBasis and SplineWeighting, and SplineWeighting's gradient.
+"""The B-spline ops of spline-based graph convolutions (PyTorch Geometric's SplineConv):
+SplineBasis and SplineWeighting, and SplineWeighting's gradient.
 
 SplineBasis: for E edges with D-dimensional pseudo-coordinates in [0, 1], each edge touches
 S = (degree + 1)^D kernel weights. For the s-th of them, with k_d = (s // (degree+1)^d) mod

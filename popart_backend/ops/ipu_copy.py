@@ -1,10 +1,10 @@
-"""ai.graphcore ``IpuCopy``: a tensor moving from one IPU of a replica to another (spec §3.4).
+"""ai.graphcore ``IpuCopy``: a tensor moving from one IPU of a replica to another.
 
 The virtual-graph and pipelining passes insert it wherever a value produced on one IPU is read
 on another; models never contain it. Numerically it is the identity. It copies (rather than
 aliases) so the destination IPU owns its value, as the hardware's exchange over IPU-Links does:
 later writes on the source side can never change what the destination read. In a pipeline the
-simulator runs the copies of a cycle after every stage's compute (the "C" fragment, §5.1).
+simulator runs the copies of a cycle after every stage's compute (the "C" fragment).
 """
 
 from __future__ import annotations

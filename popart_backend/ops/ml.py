@@ -1,4 +1,4 @@
-"""The ai.onnx.ml domain (spec §6.1, F78): the classical-ML ops sklearn exporters emit.
+"""The ai.onnx.ml domain: the classical-ML ops sklearn exporters emit.
 
 LabelEncoder (1, 2, 4), Binarizer, ArrayFeatureExtractor, Scaler, Imputer, OneHotEncoder and
 LinearRegressor (all 1); the tree ensembles live in ``ml_trees.py``. Versions are the

@@ -1,4 +1,4 @@
-"""Tree ensembles of the ai.onnx.ml domain (spec §6.1, F78): TreeEnsemble (5) and
+"""Tree ensembles of the ai.onnx.ml domain: TreeEnsemble (5) and
 TreeEnsembleRegressor (1, 3), sharing one torch evaluator.
 
 Each op turns its attributes into a ``Forest``: flat node tables (feature, split, comparison,

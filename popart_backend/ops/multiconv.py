@@ -1,4 +1,4 @@
-"""ai.graphcore MultiConv (``builder.aiGraphcore.multiconv``, spec §6.3): several independent
+"""ai.graphcore MultiConv (``builder.aiGraphcore.multiconv``): several independent
 convolutions in one op, and MultiConvGrad, the gradient of one of them when it dilates its input
 or pads its output.
 

@@ -1,6 +1,6 @@
 """Optimizer update ops (ai.graphcore): one in-place op per weight and optimizer family.
 
-``popart_backend.optimizers`` adds these ops to the IR (spec §4.3, F39). Each update op reads
+``popart_backend.optimizers`` adds these ops to the IR. Each update op reads
 
     (weight, gradient, *state, clip factor | absent, *non-const hyper-parameters)
 

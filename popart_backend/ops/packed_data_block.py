@@ -1,4 +1,4 @@
-"""ai.graphcore PackedDataBlock (``builder.aiGraphcore.packedDataBlock``, spec §6.3, F23) and its
+"""ai.graphcore PackedDataBlock (``builder.aiGraphcore.packedDataBlock``) and its
 gradient: run a callback subgraph over packed variable-length sequences.
 
 Inputs are triples (data_i, offsets_i, lengths_i), then the tensors the callback reads from the

@@ -5,7 +5,7 @@ version where ONNX moved them to a second, constant input (ReduceSum at 13, the 
 absent or empty axes reduce every axis, unless ``noop_with_empty_axes`` asks to reduce none.
 Reducing no axis still applies the op's elementwise part (ReduceL1 gives |x|, ReduceSumSquare
 x², ReduceLogSum log x), as the ONNX reference and onnxruntime do. Versions start at the first
-one PopART 2.3 lists (spec §6.1).
+one PopART 2.3 lists.
 
 Integer inputs keep their dtype (torch would widen sums to int64). Where ONNX's formula leaves
 the integers (Mean, L2, LogSum, LogSumExp) each step truncates toward zero, as onnxruntime

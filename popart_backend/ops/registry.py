@@ -1,4 +1,4 @@
-"""The op registry: (domain, op type, version) -> Op class, and version resolution (spec §6.4).
+"""The op registry: (domain, op type, version) -> Op class, and version resolution.
 
 Ops register with ``@register_op("Relu", versions=(6, 13, 14))``: the versions are the ONNX
 ``since_version`` values whose semantics the class implements. The importer resolves a node of

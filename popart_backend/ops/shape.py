@@ -1,4 +1,4 @@
-"""Shape-manipulation ops (spec §6.1, F78): Reshape, Squeeze, Unsqueeze, Flatten, Transpose,
+"""Shape-manipulation ops: Reshape, Squeeze, Unsqueeze, Flatten, Transpose,
 Identity, Tile, Expand, DepthToSpace and SpaceToDepth, at every ai.onnx since-version <= 28.
 Slice, Split, Concat and Pad live in ``slicing.py``; Shape, Size, Range, ConstantOfShape,
 Constant, EyeLike and Trilu in ``generators.py``. Both use the helpers defined here.

@@ -1,4 +1,4 @@
-"""Slicing and joining ops (spec §6.1, F78): Slice, Split, Concat and Pad, at every ai.onnx
+"""Slicing and joining ops: Slice, Split, Concat and Pad, at every ai.onnx
 since-version <= 28, with the grad ops SliceGrad and PadGrad (ai.graphcore domain).
 
 Their starts, ends, axes, steps, split sizes and pads are constant operands, resolved once in

@@ -1,4 +1,4 @@
-"""ai.graphcore ``Stash`` and ``Restore``: the ring buffers of a pipeline (spec §5.1, F67).
+"""ai.graphcore ``Stash`` and ``Restore``: the ring buffers of a pipeline.
 
 An activation produced on pipeline stage s and read on a later stage of the same IPU must
 survive while the micro-batches in between run. The pipelining pass gives it a ring buffer, a

@@ -1,4 +1,4 @@
-"""String ops (spec §6.1, F78): StringNormalizer, StringSplit, StringConcat, RegexFullMatch and
+"""String ops: StringNormalizer, StringSplit, StringConcat, RegexFullMatch and
 TfIdfVectorizer.
 
 STRING values are numpy object arrays of ``str`` (``ops/string_tensors.py``), so these kernels

@@ -1,4 +1,4 @@
-"""``Adam`` and its modes (spec §4.3, F39): Adam, AdamW, AdamNoBias, AdaMax, Lamb, LambNoBias."""
+"""``Adam`` and its modes: Adam, AdamW, AdamNoBias, AdaMax, Lamb, LambNoBias."""
 
 from __future__ import annotations
 

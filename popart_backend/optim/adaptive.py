@@ -1,4 +1,4 @@
-"""``Adaptive`` (spec §4.3, F39): AdaGrad, RMSProp, centered RMSProp and AdaDelta."""
+"""``Adaptive``: AdaGrad, RMSProp, centered RMSProp and AdaDelta."""
 
 from __future__ import annotations
 

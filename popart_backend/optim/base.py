@@ -1,4 +1,4 @@
-"""``Optimizer``, the base of the user-facing optimizers (spec §4.3, F38, F39): value bookkeeping,
+"""``Optimizer``, the base of the user-facing optimizers: value bookkeeping,
 validation, and ``apply()``, which adds the update ops and their state variables to the IR."""
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class Optimizer:
 
     def check_update(self, new: "Optimizer") -> None:
         """Raise popart_exception unless ``new`` may replace this optimizer in a built session:
-        the same class and structure, and only non-const values changed (spec §4.3)."""
+        the same class and structure, and only non-const values changed."""
         name = type(self).__name__
         # ConstSGD is an SGD whose values are const, as in PopART: they may replace each other.
         if not isinstance(new, Optimizer) or new.OP_TYPE != self.OP_TYPE:

@@ -1,4 +1,4 @@
-"""The SGD family (spec §4.3, F38): ``SGD`` with momentum, dampening, velocity scaling and
+"""The SGD family: ``SGD`` with momentum, dampening, velocity scaling and
 Nesterov, and ``ConstSGD``, whose values are all compiled in."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The optimizers' shared pieces (spec §4.3, F38, F39): the mode enums, ``OptimizerValue`` and
+"""The optimizers' shared pieces: the mode enums, ``OptimizerValue`` and
 ``OptimizerValueMap`` (a hyper-parameter value and its per-weight overrides), gradient clipping
 settings, and the argument checks every optimizer uses."""
 

@@ -3,8 +3,8 @@
 ``OPTION_STATUS`` records, per field, whether the session implements it (BUILT), whether by
 design it cannot change a simulated result or estimate (NO_EFFECT, with the reason), or which
 issue will build it (PENDING). ``check_buildable()`` turns every non-default PENDING field into
-one ``NotImplementedOptionError``, so no option is ever silently ignored. The IO-tile (spec §9)
-and sharding-domain (§10.4) rules are checked here too.
+one ``NotImplementedOptionError``, so no option is ever silently ignored. The IO-tile
+and sharding-domain rules are checked here too.
 """
 
 from __future__ import annotations
@@ -323,7 +323,7 @@ _PENDING_PARTS: dict[str, OptionStatus] = {
 
 def check_sharding_domain(domain: CommGroup, where: str, local_replicas: int,
                           global_replicas: int) -> int:
-    """The number of replicas a tensor sharded over ``domain`` is split across (spec §10.4).
+    """The number of replicas a tensor sharded over ``domain`` is split across.
 
     ``where`` names the tensor and the setting it came from. Raises popart_exception for a
     domain RTS cannot use: Orthogonal or Ungrouped, a Consecutive size that does not divide
@@ -400,7 +400,7 @@ def check_buildable(options: SessionOptions, training: bool) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# IO tiles and overlapped host IO (spec §9, F100-F104)
+# IO tiles and overlapped host IO
 # ----------------------------------------------------------------------------------------------
 
 # PopART 2.3's numIOTiles range on a full-size IPU.
@@ -418,7 +418,7 @@ def check_io_options(options: SessionOptions, streams: dict[str, tuple[TileSet, 
 
     PopART 2.3 wants an even ``numIOTiles`` in [32, 192]; a simulated device with fewer tiles
     than the real chip (IpuModel default: 4) accepts any even 0 < n < tilesPerIPU with a
-    warning instead (spec §9 decision).
+    warning instead (a design decision).
     """
     n = options.numIOTiles
     if n < 0 or n % 2:

@@ -1,4 +1,4 @@
-"""The SessionOptions enums of spec §2.4 (F9); their values follow the C++ declaration order of
+"""The SessionOptions enums; their values follow the C++ declaration order of
 PopART 2.3."""
 
 from __future__ import annotations

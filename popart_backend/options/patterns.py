@@ -1,4 +1,4 @@
-"""``Patterns`` and ``PatternsLevel`` (spec §2.1, §2.2, F8): which IR patterns are enabled.
+"""``Patterns`` and ``PatternsLevel``: which IR patterns are enabled.
 
 Every name PopART's ``Patterns`` accepts is accepted here, at the level PopART enables it:
 ``Minimal`` holds the mandatory patterns (InPlace off), ``Default`` the patterns on by default
@@ -165,7 +165,7 @@ NEUTRAL_PATTERNS: dict[str, str] = {
 
 
 def register_pattern(name: str, level: PatternsLevel = PatternsLevel.Default) -> None:
-    """Make a pattern name known; Patterns built afterwards include it (spec §2.1). A pattern
+    """Make a pattern name known; Patterns built afterwards include it. A pattern
     registered this way has no transform, so it is neutral."""
     if name in PATTERN_LEVELS or name in ALIASES:
         raise popart_exception(f"Pattern '{name}' is already registered.")

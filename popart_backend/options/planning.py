@@ -1,5 +1,5 @@
 """The planning dicts of SessionOptions: ``convolutionOptions``, ``matmulOptions`` and
-``lstmOptions`` (spec §2.3). PopART hands them to the Poplar libraries' planners; here each key
+``lstmOptions``. PopART hands them to the Poplar libraries' planners; here each key
 is checked and either has the effect of the matching per-op setting or is logged once as having
 no effect in the simulator's model:
 

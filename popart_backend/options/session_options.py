@@ -1,9 +1,9 @@
-"""SessionOptions (spec §2.2–§2.4 and §10, F8–F10).
+"""SessionOptions.
 
 Every option is a typed dataclass field carrying its PopART 2.3 default. Assignments are checked:
 an unknown name or a value of the wrong type raises ``popart_exception`` instead of being
 silently kept. The backend string dicts (``engineOptions`` ...) are ``OptionDict`` objects, so
-``opts.engineOptions["k"] = "v"`` persists (F10).
+``opts.engineOptions["k"] = "v"`` persists.
 
 Which options the session implements, and the checks of their values, are in ``checks.py``;
 the enums in ``enums.py``, the option structs (CommGroup, TensorLocation, the settings groups) in
@@ -68,7 +68,7 @@ def _str_dict():
 
 @dataclass
 class SessionOptions(_Typed):
-    """All 2.3 session options with their defaults (spec §2.4, F9)."""
+    """All 2.3 session options with their defaults."""
 
     # Debug / DOT
     logDir: str = ""
@@ -146,7 +146,7 @@ class SessionOptions(_Typed):
         default_factory=BatchSerializationSettings
     )
     autodiffSettings: AutodiffSettings = field(default_factory=AutodiffSettings)
-    # Tensor locations (spec §10)
+    # Tensor locations
     activationTensorLocationSettings: TensorLocationSettings = field(
         default_factory=TensorLocationSettings
     )
@@ -199,7 +199,7 @@ class SessionOptions(_Typed):
     updatableNamedBuffers: list[str] = field(default_factory=list)
     compilationProgressLogger: Callable[[int, int], None] | None = None
     compilationProgressTotal: int = 100
-    # Backend option dicts (F10)
+    # Backend option dicts
     engineOptions: dict[str, str] = _str_dict()
     convolutionOptions: dict[str, str] = _str_dict()
     lstmOptions: dict[str, str] = _str_dict()

@@ -1,4 +1,4 @@
-"""The option structs SessionOptions holds (spec §2.4, F9, F110): CommGroup, TensorLocation and
+"""The option structs SessionOptions holds: CommGroup, TensorLocation and
 the settings groups (execution phases, batch serialisation, autodiff, loss scaling ...)."""
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class ReplicaGrouping:
 
 @dataclass
 class CommGroup(_Typed):
-    """Replica grouping for sharding domains and collectives (F110). ``CommGroup()`` = All."""
+    """Replica grouping for sharding domains and collectives. ``CommGroup()`` = All."""
 
     type: CommGroupType = CommGroupType.All
     replicaGroupSize: int = 0
@@ -116,7 +116,7 @@ class CommGroup(_Typed):
 
 @dataclass(init=False)
 class TensorLocation(_Typed):
-    """Where a tensor lives (spec §10.1). Accepts the 2.3 positional overloads:
+    """Where a tensor lives. Accepts the 2.3 positional overloads:
     ``()``, ``(storage)``, ``(storage, rts)``, ``(storage, rts, shardingDomain)``,
     ``(storage, loadTileSet, storageTileSet, rts)``, ``(..., rts, shardingDomain)``.
     """
@@ -152,7 +152,7 @@ class TensorLocation(_Typed):
 
 @dataclass(init=False)
 class TensorLocationSettings(_Typed):
-    """Per tensor-type location defaults (F105); ``location`` may be given as a TensorStorage."""
+    """Per tensor-type location defaults; ``location`` may be given as a TensorStorage."""
 
     location: TensorLocation
     minElementsForOffChip: int

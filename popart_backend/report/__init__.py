@@ -1,4 +1,4 @@
-"""Profiling reports of a compiled session (spec §4.7; F54, F55): the summary text, the
+"""Profiling reports of a compiled session: the summary text, the
 ``Report`` object (JSON, HTML) and the Chrome-trace timeline, all read from a ``DeviceModel``, and
 the files of Poplar's automatic report (``autoReport.*``, auto.py)."""
 

@@ -1,4 +1,4 @@
-"""Poplar's automatic report (``autoReport.*`` engine options, spec §4.7): which engine options
+"""Poplar's automatic report (``autoReport.*`` engine options): which engine options
 a session sees, whether profiling is on, and the report files written into
 ``autoReport.directory``.
 

@@ -1,5 +1,4 @@
-"""``Report.to_html(path)``: one self-contained HTML page with the profile's plots (spec §4.7,
-F55; issue #6 item 6).
+"""``Report.to_html(path)``: one self-contained HTML page with the profile's plots.
 
 The plots are drawn by matplotlib into SVG and inlined in the page, so it needs no network,
 no script and no file beside it: memory per IPU by category (stacked bars), memory per tile of

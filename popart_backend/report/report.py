@@ -1,4 +1,4 @@
-"""``getReport()``: the profile of a compiled session as an object (spec §4.7, F55).
+"""``getReport()``: the profile of a compiled session as an object.
 
 PopART returns libpva's ``Report``; the simulator's report holds what its device model knows:
 memory per IPU, per category and per tile, the largest tensors, the op-by-op cycles of one step,

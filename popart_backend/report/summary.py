@@ -1,5 +1,5 @@
 """``getSummaryReport()`` text: memory per IPU and category, top tensors, cycles per step (and,
-pipelined, per cycle and per stage), throughput and utilisation per IPU (spec §4.7, F54).
+pipelined, per cycle and per stage), throughput and utilisation per IPU.
 
 Profiling is off by default, as in PopART; ``engineOptions["autoReport.all"] = "true"`` (or the
 ``POPLAR_ENGINE_OPTIONS`` variable, report/auto.py) turns it on. When off, the report says

@@ -1,4 +1,4 @@
-"""Gradient accumulation (spec §5.3, §11; F73, F75): sum or average the gradients of ``af``
+"""Gradient accumulation: sum or average the gradients of ``af``
 micro-batches into ``Accum___<w>`` variables and update the weights once per ``af``.
 
 Two passes, around the optimizer pass:

@@ -1,4 +1,4 @@
-"""Inter-IPU copies (spec §3.4): a value read on another IPU than the one computing it moves
+"""Inter-IPU copies: a value read on another IPU than the one computing it moves
 there through an explicit ``IpuCopy`` op (ai.graphcore), whose bytes the cost model charges to
 the IPU-Links.
 

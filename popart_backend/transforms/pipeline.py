@@ -78,7 +78,7 @@ def inference_passes(options=None, ipus_per_replica: int = 1,
     if options.enableStochasticRounding:
         passes.insert(len(passes) - 2, StochasticRounding())  # before WireRandomSeed
     checks = check_passes(options)
-    # Weights (when not constants) asking for replicated tensor sharding (spec §10.3).
+    # Weights (when not constants) asking for replicated tensor sharding.
     local_replicas = options.replicatedGraphCount if options.enableReplicatedGraphs else 1
     passes.insert(len(passes) - 1,
                   ShardVariables(options, replication_of(options), local_replicas))
@@ -135,7 +135,7 @@ def check_passes(options) -> list:
 def multi_ipu_passes(options, placement: Placement, loss_id: str | None, depth: int,
                      depth_name: str) -> list:
     """The passes after the session's own: placement of the ops they added, pipeline stages,
-    recomputation (training only), then stashes and inter-IPU copies (spec §3.4, §5.1, §5.2)."""
+    recomputation (training only), then stashes and inter-IPU copies."""
     passes = [PlaceRemainingOps(placement),
               AssignPipelineStages(options, loss_id, depth, depth_name)]
     if loss_id is not None:
@@ -186,7 +186,7 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
             accumulation_factor, options.accumulationAndReplicationReductionType,
             options.meanAccumulationAndReplicationReductionStrategy,
             optimizer.accumulator_dtype))
-    # Gradients summed over all (global) replicas before the update (spec §5.3).
+    # Gradients summed over all (global) replicas before the update.
     passes.append(AllReduceGradients(context, replication_factor))
     grad_scale = grad_factor / loss_scaling if const_scaling else grad_factor
     passes.append(ApplyOptimizer(optimizer, context, grad_scale))
@@ -194,7 +194,7 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
         passes.append(AutomaticLossScaling(options.automaticLossScalingSettings, context))
     if options.enableGradientAccumulation:
         passes.append(ResetAccumulators())
-    # Replicated tensor sharding rewrites the reductions and updates built above (spec §10.3).
+    # Replicated tensor sharding rewrites the reductions and updates built above.
     local_replicas = options.replicatedGraphCount if options.enableReplicatedGraphs else 1
     passes.append(ShardVariables(options, replication_factor, local_replicas))
     if options.enableStochasticRounding:

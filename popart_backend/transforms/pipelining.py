@@ -1,11 +1,11 @@
-"""Pipelining (spec §5.1, F62–F69): pipeline stages, their checks, and stash/restore/copies.
+"""Pipelining: pipeline stages, their checks, and stash/restore/copies.
 
 ``AssignPipelineStages`` (after the training passes) gives every op a stage:
 
 - forward ops: the builder's ``pipelineStage`` annotations, or, when no op has one, the op's
-  virtual graph id (F64);
+  virtual graph id;
 - gradient ops: ``2L - s`` where L is the loss's stage and s the stage of the forward op they
-  differentiate (``Op.grad_of``, F65); so forward {A:0, B:1, C:2} gives 2:{C, C'}, 3:{B'}, 4:{A'};
+  differentiate (``Op.grad_of``); so forward {A:0, B:1, C:2} gives 2:{C, C'}, 3:{B'}, 4:{A'};
 - ops the training passes added (weight-gradient sums, optimizer updates without
   accumulation, accumulators): the stage of what they read. With accumulation, the optimizer
   runs in the accumulate outer fragment, once after the pipeline's flush. The running mean's
@@ -20,7 +20,7 @@ travel there the way the hardware moves it:
 
 - on the same IPU: ``Stashed___x = Stash(StashBuffer___x, ..., x)`` on x's stage and
   ``Restored___x = Restore(Stashed___x, ...)`` on the reader's stage, with a ring buffer of
-  ``maxRestoreStage - stashStage + 1`` entries (F67);
+  ``maxRestoreStage - stashStage + 1`` entries;
 - to another IPU: ``x_c1 = IpuCopy(x)`` on the producer's stage, read on the next stage; a value
   skipping stages on other IPUs is copied along the stages in between.
 
@@ -62,7 +62,7 @@ NORMAL = ExecutionContext.Normal
 
 
 class AssignPipelineStages:
-    """Pass: a pipeline stage for every op, and the §5.1 checks (``enablePipelining`` only).
+    """Pass: a pipeline stage for every op, and the checks (``enablePipelining`` only).
     Reads ``Ir.forward_op_ids``; writes ``Ir.stage_ipus`` and ``Ir.loss_stage``.
 
     Before:  h = MatMul(x, w)  # ipu0     After:  h = MatMul(x, w)  # stage 0 ipu0
@@ -85,7 +85,7 @@ class AssignPipelineStages:
         graph = ir.main
         order = graph.topo_order()
         if not self.options.enablePipelining:
-            # Stage annotations mean nothing without pipelining (spec §5.1).
+            # Stage annotations mean nothing without pipelining.
             staged = [op for op in order if op.settings.pipeline_stage is not None]
             for op in staged:
                 set_placement(op, pipeline_stage=None)

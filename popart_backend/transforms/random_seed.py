@@ -1,4 +1,4 @@
-"""Wire the session's random seed into ops that need one (docs/training.md, spec §4.2).
+"""Wire the session's random seed into ops that need one (docs/training.md).
 
 Ops whose class sets the ClassVar ``Op.requires_random_seed`` (Dropout in a TrainingSession,
 random ops, custom ops) get the variable ``randomSeed___`` (INT64 [2]: the user seed of

@@ -1,4 +1,4 @@
-"""Recomputation (spec §5.2, F70): forward ops recomputed in the backward pass, explicitly in
+"""Recomputation: forward ops recomputed in the backward pass, explicitly in
 the IR (as ``explicitRecomputation`` shows them), so the memory model sees which activations stay
 live and the cost model sees the extra compute. Numerics are unchanged: a clone computes
 exactly what its forward op computed.

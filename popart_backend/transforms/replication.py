@@ -1,4 +1,4 @@
-"""Gradient all-reduce across replicas (spec §5.3; F71, F73): ``ReplicatedAllReduce`` ops
+"""Gradient all-reduce across replicas: ``ReplicatedAllReduce`` ops
 between the gradients (or their accumulators) and the optimizer.
 
 Every replica computes the gradient of its own micro-batch; before the weight update each

@@ -1,4 +1,4 @@
-"""Replicated tensor sharding (spec §10.2 step 4, §10.3, §10.4; F109-F111): variables stored as
+"""Replicated tensor sharding (step 4): variables stored as
 per-replica shards, gradients reduce-scattered, the optimizer run on shards.
 
 A variable whose resolved location has ``replicatedTensorSharding`` On (``tensor_locations``:
@@ -11,7 +11,7 @@ keeps its id, its info becomes the shard, its ``data`` stays the full host value
 (weightsFromHost) and joins them back (weightsToHost, readWeights).
 
 Per trained weight w, its optimizer state shares its sharding: the tensors of one optimizer
-instance share a domain (§10.4), so the update runs on shards when w or any of its optimizer
+instance share a domain, so the update runs on shards when w or any of its optimizer
 state is sharded, and then all of them are. Then:
 
 - the gradient all-reduce becomes ``ReplicatedReduceScatter`` over the domain (followed by a
@@ -368,7 +368,7 @@ class ShardVariables:
     def _scatter(self, graph: Graph, source: str, context: ExecutionContext,
                  sharding: Sharding, ipu: int | None = None) -> str:
         """Reduce-scatter ``source`` within each shard group, then all-reduce the shard over
-        the groups when there are several (spec §10.4); both on ``ipu``, the weight's."""
+        the groups when there are several; both on ``ipu``, the weight's."""
         out = self._add(graph, "ReplicatedReduceScatter", [source], source + SCATTERED_SUFFIX,
                         context, sharding, ipu=ipu, num_shards=sharding.num_shards)
         groups = sharding.num_replicas // sharding.num_shards

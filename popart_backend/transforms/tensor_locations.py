@@ -1,11 +1,11 @@
-"""Tensor locations (spec §10.1-§10.2, F105-F108): where each tensor of a scheduled graph lives.
+"""Tensor locations: where each tensor of a scheduled graph lives.
 
 ``resolve_tensor_locations`` is a pure function the device analysis calls once the schedule is
 fixed. It does not change the graph: the simulator computes the same values wherever a tensor
 is stored; the memory model (device/memory.py) takes off-chip tensors out of SRAM and the cycle
 model (device/cost.py) charges their RemoteLoad / RemoteStore transfers.
 
-Per tensor (§10.2):
+Per tensor:
 
 1. Classify by ``TensorRole``: weights (and running statistics, which PopART holds as plain
    variables), optimizer state, accumulators; op outputs and pipeline stashes are activations.
@@ -15,7 +15,7 @@ Per tensor (§10.2):
    annotated ``RecomputeType.Recompute``: a recomputed tensor is not stored anywhere), else the
    setting of the tensor's type.
 3. OffChip with fewer than ``minElementsForOffChip`` elements (of the type's settings) => OnChip.
-4. Replicated tensor sharding (§10.2 step 4, §10.3): activations are never sharded; a
+4. Replicated tensor sharding (step 4): activations are never sharded; a
    variable with fewer than ``minElementsForReplicatedTensorSharding`` elements, or in a
    session without replication, is not sharded (the latter with the warning "Unable to shard
    tensor ... due to lack of replication"). The pass ``transforms/rts.py`` shards the remaining
@@ -61,7 +61,7 @@ __all__ = [
 
 _log = logging.getLogger("popart:transform")
 
-# The node attribute builder.outputTensorLocation writes (spec §3.6).
+# The node attribute builder.outputTensorLocation writes.
 OUTPUT_LOCATION_ATTR = "__output_tensor_location"
 
 
@@ -131,7 +131,7 @@ def output_locations_from_model(model: onnx.ModelProto) -> dict[str, TensorLocat
 
 
 def _decode(values: list[int], where: str) -> TensorLocation:
-    """``[storage, loadTileSet, storageTileSet, rts, commGroupType, groupSize]`` (spec §3.6)."""
+    """``[storage, loadTileSet, storageTileSet, rts, commGroupType, groupSize]``."""
     if len(values) not in (4, 6):
         raise popart_exception(
             f"Node '{where}': attribute {OUTPUT_LOCATION_ATTR} = {values} must hold 4 or 6 "
@@ -286,7 +286,7 @@ def replication_of(options: SessionOptions) -> int:
 def rts_candidate(tensor: Tensor, kind: TensorType, location: TensorLocation,
                   settings: TensorLocationSettings, options: SessionOptions, nelms: int,
                   warn: bool = True) -> tuple[ReplicatedTensorSharding, str]:
-    """§10.2 step 4: whether the location asks to shard ``tensor`` and may (On), with the
+    """Step 4: whether the location asks to shard ``tensor`` and may (On), with the
     reason when it may not ("" when RTS is simply Off)."""
     if location.replicatedTensorSharding is not ReplicatedTensorSharding.On:
         return ReplicatedTensorSharding.Off, ""

@@ -1,4 +1,4 @@
-"""Virtual graphs (spec §3.4, F20, F21): which IPU of a replica runs each op.
+"""Virtual graphs: which IPU of a replica runs each op.
 
 ``AssignVirtualGraphs`` runs on the forward graph (before autodiff, so every gradient op
 inherits its forward op's IPU) and applies ``SessionOptions.virtualGraphMode``:

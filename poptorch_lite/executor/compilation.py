@@ -1,5 +1,5 @@
 """Compiling a wrapped module: trace, place, build and prepare a backend session per input
-signature (spec §2.1-§2.3, P5, P6, P15, P24, P44, P57).
+signature.
 
 ``CompileMixin`` gives ``PoplarExecutor`` its compile side: binding a call to ``forward``'s
 signature, the executable cache keyed by input signature (a new signature compiles again, with a
@@ -49,7 +49,7 @@ def registerPostCompileHook(hook) -> None:  # noqa: N802 - PopTorch's name
     _post_compile_hooks.append(hook)
 
 
-# The simulated machine's size (lite; spec §2.3): more IPUs than this cannot be acquired.
+# The simulated machine's size (lite): more IPUs than this cannot be acquired.
 MAX_IPUS = 64
 
 
@@ -63,14 +63,14 @@ class _Executable:
         self.divisor = divisor
         self.device_weights = device_weights  # ONNX initializer -> FQN, device-held only
         self.translation = translation  # training: the optimizer as compiled
-        self.placement: blocks.Placement | None = None  # stages and IPUs (spec §2.3)
+        self.placement: blocks.Placement | None = None  # stages and IPUs
         # Per module of the model: the buffer names it had when compiled (see check_buffers).
         self.buffer_layout: list[tuple[str, torch.nn.Module, tuple[str, ...]]] = []
         # Per distinct output name: (name, host shape or None when the anchor array has it
         # already, narrowed dtype or None), built on the first run from the anchor arrays
         # (their sizes are fixed by the compiled session).
         self.output_table: list[tuple] | None = None
-        # Options.anchorTensor (P18): short name -> backend id; their table (as output_table)
+        # Options.anchorTensor: short name -> backend id; their table (as output_table)
         # and their values from the last run, short name -> tensor.
         self.anchored: dict[str, str] = {}
         self.anchored_table: list[tuple] | None = None
@@ -81,7 +81,7 @@ class CompileMixin:
     """``PoplarExecutor``'s compile side: the executable cache and how an executable is built."""
 
     def compile(self, *args, **kwargs) -> None:
-        """Trace and compile for these inputs without running (P6)."""
+        """Trace and compile for these inputs without running."""
         if self.isCompiled():
             warnings.warn("compile(): the wrapper is already compiled; nothing to do.",
                           UserWarning, stacklevel=2)
@@ -187,7 +187,7 @@ class CompileMixin:
                 module.training = saved[name]
 
     def _place(self, traced: tracing.TracedModel) -> blocks.Placement:
-        """Stages and IPUs from the traced blocks and the execution strategy (spec §2.3)."""
+        """Stages and IPUs from the traced blocks and the execution strategy."""
         placement = blocks.place_model(traced.proto, self._options.execution_strategy)
         blocks.check_pipeline_depth(placement, self._training,
                                     self._options.Training.gradient_accumulation,
@@ -195,7 +195,7 @@ class CompileMixin:
         return placement
 
     def _num_ipus(self, placement: blocks.Placement) -> int:
-        """Device IPUs = replicas × IPUs per replica (P44), power of two unless rounded."""
+        """Device IPUs = replicas × IPUs per replica, power of two unless rounded."""
         replicas = self._options.replication_factor
         needed = placement.ipus_per_replica * replicas
         if needed > MAX_IPUS:
@@ -291,7 +291,7 @@ class CompileMixin:
         return session, translation, anchored
 
     def _anchored_tensors(self, anchors: dict) -> dict[str, str]:
-        """Add the tensors of ``Options.anchorTensor`` to ``anchors`` (P18); returns short name
+        """Add the tensors of ``Options.anchorTensor`` to ``anchors``; returns short name
         -> backend id. The backend checks that the ids exist (in training after its passes, so
         ``Gradient___<id>`` of weights and of activations too)."""
         named = {}
@@ -340,7 +340,7 @@ class CompileMixin:
 
     def _check_replicated_buffers(self, traced: tracing.TracedModel) -> None:
         """Replicated training with buffers updated in place needs broadcastBuffers(False):
-        each replica then keeps its own copy and the host reads replica 0's (P66)."""
+        each replica then keeps its own copy and the host reads replica 0's."""
         replicas = self._options.replication_factor
         if not self._training or replicas == 1 or not self._options.broadcast_buffers:
             return
@@ -356,7 +356,7 @@ class CompileMixin:
     def _check_mutations(self, traced: tracing.TracedModel, divisor: int) -> None:
         """In-place updates in ``forward`` that have no exact device form are refused here:
         parameters in a training wrapper (an inference wrapper keeps them as device state, like
-        buffers, P65), and a 0-d input every micro-batch shares (eager's calls would each
+        buffers), and a 0-d input every micro-batch shares (eager's calls would each
         change it, one after the other)."""
         if self._training and traced.updated_parameters:
             fqn = traced.updated_parameters[0]
@@ -413,7 +413,7 @@ def _anchor_art(mode: OutputMode, period: int, n: int, what: str):
 
 
 def check_buffers(executable: _Executable) -> None:
-    """Raise Error when the model's buffers were registered or removed after compiling (P65):
+    """Raise Error when the model's buffers were registered or removed after compiling:
     the compiled executable would silently ignore the change."""
     for path, module, names in executable.buffer_layout:
         current = tuple(module._buffers)
@@ -442,7 +442,7 @@ def _diff(old: tracing.InputSignature, new: tracing.InputSignature) -> str:
 
 
 def find_loss(traced: tracing.TracedModel) -> str:
-    """The one final loss among forward's outputs (P57): of the outputs that are losses (an
+    """The one final loss among forward's outputs: of the outputs that are losses (an
     IdentityLoss, or a 0-d float result of a torch loss function), the one no other consumes;
     without any, the only 0-d float output."""
     producers = {out: node for node in traced.proto.graph.node for out in node.output}
@@ -502,7 +502,7 @@ _NO_REDUCTION = 2  # IdentityLoss's reduction attribute: 0 sum, 1 mean, 2 none
 
 def _seeded_loss(proto: onnx.ModelProto, node: onnx.NodeProto) -> str:
     """The session loss for the final IdentityLoss ``node``: its output, or for reduction
-    "none" (P58: backward seeds ones of x's shape; the backend starts from a scalar) an added
+    "none" (backward seeds ones of x's shape; the backend starts from a scalar) an added
     ``IdentityLoss(x, sum)`` beside it, whose gradient with respect to x is those ones."""
     reduction = next((onnx.helper.get_attribute_value(a) for a in node.attribute
                       if a.name == "reduction"), 1)

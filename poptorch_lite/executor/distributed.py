@@ -1,4 +1,4 @@
-"""Multi-process set-up for a wrapper's backend session (spec §5.3).
+"""Multi-process set-up for a wrapper's backend session.
 
 Holds ``_init_distributed``: with ``Options.Distributed`` naming several processes, it makes
 sure ``torch.distributed`` can meet its peers before the backend session is built.
@@ -13,7 +13,7 @@ from ..options.options import Options
 
 
 def _init_distributed(options: Options) -> None:
-    """Several processes: make sure torch.distributed can meet its peers (spec §5.3).
+    """Several processes: make sure torch.distributed can meet its peers.
 
     The backend joins the env:// rendezvous (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, as
     torchrun sets them). When the process id came from elsewhere (configureProcessId, Open

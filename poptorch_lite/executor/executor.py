@@ -1,5 +1,5 @@
-"""``PoplarExecutor``: the wrapper that compiles a module for the simulated IPU and runs it
-(spec §2.1-§2.4, P1-P20, P24, P25), and the functions that make one (``ipu_model``,
+"""``PoplarExecutor``: the wrapper that compiles a module for the simulated IPU and runs it, and
+the functions that make one (``ipu_model``,
 ``inferenceModel``, ``trainingModel``).
 
 This module holds the wrapper itself: its construction (options frozen and privately copied,
@@ -13,13 +13,13 @@ The rest of its behaviour comes from mixins, one module each:
   built from the traced ONNX model.
 - ``running.py`` (``RunMixin``): inputs go in as one ``PyStepIO`` per call
   (``deviceIterations`` × accumulation micro-batches), outputs come back per ``OutputMode``
-  reshaped PopTorch-style (§2.4 stacking rule).
+  reshaped PopTorch-style (stacked by output mode).
 - ``state_sync.py`` (``StateSyncMixin``): training wrappers build the backend optimizer from the
   torch/lite optimizer (``optimizer_translation.py``), leave the host weights stale after each
-  run and pull them on first host access (``weight_sync.py``, P10), and move optimizer state
+  run and pull them on first host access (``weight_sync.py``), and move optimizer state
   between the device and ``optimizer.state`` (torch's format) when ``optimizer.state_dict()`` is
-  called, at ``detachFromDevice()`` / ``destroy()``, and after ``load_state_dict`` (P56).
-- ``distributed.py``: the multi-process rendezvous (§5.3).
+  called, at ``detachFromDevice()`` / ``destroy()``, and after ``load_state_dict``.
+- ``distributed.py``: the multi-process rendezvous.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class PoplarExecutor(ExecutableMixin, CompileMixin, RunMixin, StateSyncMixin,
         d["_warned"] = set()
         d["_compile_seconds"] = None
         d["_link"] = link
-        d["_seen_version"] = -1  # inference: training weights version last pulled (P11)
+        d["_seen_version"] = -1  # inference: training weights version last pulled
         d["_optimizer_hooks"] = []
         d["_optimizer_state_dirty"] = False  # device optimizer state newer than the host's
         d["_optimizer_state_pending"] = False  # host optimizer state to write before a run
@@ -183,14 +183,14 @@ class PoplarExecutor(ExecutableMixin, CompileMixin, RunMixin, StateSyncMixin,
         return self._user_model.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict, strict: bool = True):
-        """Load into the user model, then push to the device when attached (P9)."""
+        """Load into the user model, then push to the device when attached."""
         result = self._user_model.load_state_dict(state_dict, strict=strict)
         if self.isCompiled() and self._attached:
             self.copyWeightsToDevice()
         return result
 
     def train(self, mode: bool = True) -> "PoplarExecutor":
-        """Set the traced train/eval flag before compiling (P15)."""
+        """Set the traced train/eval flag before compiling."""
         if self.isCompiled():
             if bool(mode) != all(self._flags.values()):
                 raise Error(
@@ -303,7 +303,7 @@ class PoplarExecutor(ExecutableMixin, CompileMixin, RunMixin, StateSyncMixin,
 
     def destroy(self) -> None:
         """Sync weights and optimizer state (training), release the device, drop every
-        executable and restore the user model's classes (P14)."""
+        executable and restore the user model's classes."""
         if self._training and self._link.training is self:
             if self.isCompiled() and self._attached:
                 self.copyWeightsToHost()
@@ -396,13 +396,13 @@ atexit.register(poptorchAtExit)
 
 def inferenceModel(model: torch.nn.Module,  # noqa: N802 - PopTorch's name
                    options: Options | None = None) -> PoplarExecutor:
-    """Wrap ``model`` for inference on the simulated IPU (P2); compiled on the first call."""
+    """Wrap ``model`` for inference on the simulated IPU; compiled on the first call."""
     return PoplarExecutor(model, options, training=False)
 
 
 def trainingModel(model: torch.nn.Module, options: Options | None = None,  # noqa: N802
                   optimizer=None) -> PoplarExecutor:
-    """Wrap ``model`` for training (P3); no optimizer means ``optim.SGD(lr=0.01)``."""
+    """Wrap ``model`` for training; no optimizer means ``optim.SGD(lr=0.01)``."""
     if optimizer is None:
         optimizer = optim.SGD(model.parameters(), lr=0.01)
     return PoplarExecutor(model, options, training=True, optimizer=optimizer)
@@ -410,7 +410,7 @@ def trainingModel(model: torch.nn.Module, options: Options | None = None,  # noq
 
 def ipu_model(model: torch.nn.Module, options: Options | None = None,
               optimizer=None) -> PoplarExecutor:
-    """Training wrapper iff ``optimizer`` is given, else inference wrapper (P1)."""
+    """Training wrapper iff ``optimizer`` is given, else inference wrapper."""
     if optimizer is not None:
         return trainingModel(model, options, optimizer)
     if model.training:
@@ -422,7 +422,7 @@ def ipu_model(model: torch.nn.Module, options: Options | None = None,
 
 def load(filename, edit_opts_fn=None) -> PoplarExecutor:
     """A wrapper rebuilt from a ``compileAndExport`` / ``save`` file written with
-    ``export_model=True`` (P68): options, weights, optimizer and RNG state restored, nothing
+    ``export_model=True``: options, weights, optimizer and RNG state restored, nothing
     traced or compiled again; ``edit_opts_fn(options)`` may change run-time options only."""
     contents, model, options, optimizer = prepare_load(filename, edit_opts_fn)
     wrapper = PoplarExecutor(model, options, training=optimizer is not None,

@@ -1,5 +1,4 @@
-"""Running a compiled wrapper: a call's inputs to the backend and its outputs back to torch
-(spec §2.1, §2.4, P5, P11, P24, P25).
+"""Running a compiled wrapper: a call's inputs to the backend and its outputs back to torch.
 
 ``RunMixin`` gives ``PoplarExecutor`` its ``__call__``: input checks (detach, contiguous), the
 host IO of one run (one ``PyStepIO`` per call; 0-d inputs broadcast, input replica groups
@@ -150,7 +149,7 @@ class RunMixin:
         return self._options.input_replica_grouping[0]
 
     def _expand_input_groups(self, array: np.ndarray, divisor: int) -> np.ndarray:
-        """[N·G·Rin·B, ...] -> [N·G·R·B, ...]: each replica gets its input group's rows (§2.4)."""
+        """[N·G·Rin·B, ...] -> [N·G·R·B, ...]: each replica gets its input group's rows."""
         size, kind = self._options.input_replica_grouping
         if size == 1:
             return array
@@ -193,7 +192,7 @@ _INT32 = torch.iinfo(torch.int32)
 
 
 def check_int32(tensor: torch.Tensor, what: str) -> None:
-    """An int64 input or output must fit int32, the IPU's integer type (P17): refused rather
+    """An int64 input or output must fit int32, the IPU's integer type: refused rather
     than wrapped. One min/max pass over the tensor."""
     if not tensor.numel():
         return
@@ -268,7 +267,7 @@ class _FastCall:
 
 def _anchored_values(executable: _Executable, anchors: dict) -> dict[str, torch.Tensor]:
     """The tensors of ``Options.anchorTensor`` from this run's anchors, by short name, stacked
-    as outputs are (P18)."""
+    as outputs are."""
     table = executable.anchored_table
     if table is None:
         table = executable.anchored_table = _output_table(
@@ -282,7 +281,7 @@ def _anchored_values(executable: _Executable, anchors: dict) -> dict[str, torch.
 
 
 def _output_table(executable: _Executable, anchors: dict, names) -> list:
-    """Per distinct output (of ``names``): its host shape (PopTorch's §2.4 stacking: the anchor's batches
+    """Per distinct output (of ``names``): its host shape (stacking: the anchor's batches
     stacked along dim 0; None when the anchor array already has it) and the dtype it narrows
     to (int64 -> int32, float64 -> float32)."""
     table = []

@@ -1,5 +1,5 @@
 """Moving weights and optimizer state between the host and a compiled wrapper's session
-(spec §2.1 "Weight sync", P8, P9, P12, P56).
+("Weight sync").
 
 ``StateSyncMixin`` gives ``PoplarExecutor`` ``copyWeightsToHost`` / ``copyWeightsToDevice``,
 ``setOptimizer``, and the optimizer-state glue: hooks on the optimizer's ``state_dict`` /
@@ -32,7 +32,7 @@ class StateSyncMixin:
         return state
 
     def _check_int64_state(self, fqns) -> None:
-        """int64 parameters and buffers must fit int32 on the device, as inputs must (P17)."""
+        """int64 parameters and buffers must fit int32 on the device, as inputs must."""
         state = self._state_tensors()
         for fqn in fqns:
             tensor = state.get(fqn)
@@ -41,7 +41,7 @@ class StateSyncMixin:
                 check_int32(tensor.detach(), f"{kind} '{fqn}'")
 
     def copyWeightsToHost(self) -> None:  # noqa: N802
-        """Device weights -> the user model's parameters and buffers, by name (P8)."""
+        """Device weights -> the user model's parameters and buffers, by name."""
         executable = self._require_compiled("copyWeightsToHost()")
         if self._training:
             self._link.host_dirty = False
@@ -63,7 +63,7 @@ class StateSyncMixin:
                 self.__dict__["_micro_batches_pending"] = 0
 
     def copyWeightsToDevice(self) -> None:  # noqa: N802
-        """The user model's parameters and buffers -> device (P9)."""
+        """The user model's parameters and buffers -> device."""
         executable = self._require_compiled("copyWeightsToDevice()")
         self._link.pull()
         self._check_int64_state(executable.traced.param_map.values())
@@ -184,7 +184,7 @@ class StateSyncMixin:
 
     def setOptimizer(self, optimizer) -> None:  # noqa: N802
         """Use ``optimizer``'s current hyper-parameters (or a new optimizer object) from the
-        next run, without recompiling (P12). Call it after an LR scheduler's ``step()``."""
+        next run, without recompiling. Call it after an LR scheduler's ``step()``."""
         if not self._training:
             raise Error("setOptimizer(): this is an inference wrapper; it has no optimizer.")
         previous = self._optimizer

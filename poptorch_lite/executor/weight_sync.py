@@ -1,4 +1,4 @@
-"""Keep a user model's host tensors in step with the device (spec §2.1 "Weight sync", P10, P11).
+"""Keep a user model's host tensors in step with the device ("Weight sync").
 
 A training wrapper leaves the host copies stale after every run. Rather than copying weights
 back after each run (which would cost every step), the wrapper marks the host *dirty*, and the
@@ -11,7 +11,7 @@ first host access copies them back once:
   ``parameters()``, ``buffers()``) pull first;
 - an inference wrapper of the same user model remembers the training wrapper's device
   *version* (bumped by each training run); when it moved, it pulls the training weights to the
-  host and pushes them to its own device before running (P11).
+  host and pushes them to its own device before running.
 
 ``ModelLink`` is the per-model record: the live training wrapper, its version, the dirty flag.
 """

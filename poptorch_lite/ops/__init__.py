@@ -1,4 +1,4 @@
-"""IPU ops usable inside ``forward`` (spec §2.9, P57-P62), one module per family:
+"""IPU ops usable inside ``forward``, one module per family:
 
 - ``core``: ``identity_loss``, ``nop``, ``set_available_memory``, ``ipu_print_tensor``,
   ``custom_op``;

@@ -1,4 +1,4 @@
-"""IPU-specific ops usable inside ``forward`` (spec §2.8-§2.9, P57-P62).
+"""IPU-specific ops usable inside ``forward``.
 
 Each op is a ``torch.library`` custom op (eager kernel + fake kernel + autograd), so it runs on
 CPU like any torch op, is kept opaque by ``torch.export``, and is translated to its
@@ -64,7 +64,7 @@ _identity_loss.register_autograd(_identity_loss_backward, setup_context=_identit
 
 
 def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
-    """Mark ``x`` as the loss: ``"sum"`` ⇒ Σx, ``"mean"`` ⇒ mean(x), ``"none"`` ⇒ x (P58)."""
+    """Mark ``x`` as the loss: ``"sum"`` ⇒ Σx, ``"mean"`` ⇒ mean(x), ``"none"`` ⇒ x."""
     if not isinstance(x, torch.Tensor):
         raise Error(f"identity_loss: expected a tensor, got {type(x).__name__}.")
     if reduction not in _REDUCTIONS:
@@ -82,7 +82,7 @@ def nop(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def set_available_memory(tensor: torch.Tensor, available_memory_proportion: float):
-    """Memory hint for the producing op; numerically an identity (P60)."""
+    """Memory hint for the producing op; numerically an identity."""
     if not isinstance(tensor, torch.Tensor):
         raise Error(f"set_available_memory: expected a tensor, got {type(tensor).__name__}.")
     if not 0.0 <= float(available_memory_proportion) <= 1.0:
@@ -125,7 +125,7 @@ def ipu_print_tensor(tensor: torch.Tensor, title: str = "", print_gradient: bool
                      max_line_width: int = 80, digits: int = 4, float_format: str = "auto",
                      separator: str = ", ", open_bracket: str = "(", close_bracket: str = ")"):
     """Identity that prints ``tensor`` each time it runs, and its gradient too with
-    ``print_gradient`` (P59). On the IPU it is an ``ai.graphcore::PrintTensor`` node, printed
+    ``print_gradient``. On the IPU it is an ``ai.graphcore::PrintTensor`` node, printed
     by the simulator as ``<title>: <values>`` (the gradient as ``Gradient___<title>``); run
     eagerly on CPU it prints with torch's format. The formatting arguments are checked and
     logged once as having no effect (the simulator prints every value)."""
@@ -186,7 +186,7 @@ def _translate_identity_loss(x, reduction: int):
 
 
 
-# --- custom_op (P61) ----------------------------------------------------------------------------
+# --- custom_op ----------------------------------------------------------------------------
 #
 # One torch.library op per (domain, name, version, output count), defined on first use: its
 # fake kernel returns tensors shaped like ``example_outputs``, its eager kernel (a model run on
@@ -306,7 +306,7 @@ def _custom_torch_op(domain: str, name: str, version: int, num_outputs: int):
 
 def custom_op(inputs, name: str, domain: str, domain_version: int, example_outputs,
               attributes: dict | None = None) -> list[torch.Tensor]:
-    """Call the backend custom op ``domain::name`` (popart_backend.custom, spec §7) (P61).
+    """Call the backend custom op ``domain::name`` (popart_backend.custom).
 
     Returns a list of tensors shaped like ``example_outputs``. The op is traced into the ONNX
     graph as a ``domain::name`` node carrying ``attributes`` (float, int, str or homogeneous

@@ -1,4 +1,4 @@
-"""The enums of ``poptorch_lite.Options`` (spec §2.4-§2.5): output modes, reductions,
+"""The enums of ``poptorch_lite.Options``: output modes, reductions,
 connection and sync patterns, replica grouping. ``_ENUMS`` maps each name to its class so the
 options file loader and ``from_json`` can read ``"OutputMode.All"`` back.
 """
@@ -19,7 +19,7 @@ __all__ = [
 
 
 class OutputMode(enum.IntEnum):
-    """Which micro-batches' outputs a call returns (spec §2.4)."""
+    """Which micro-batches' outputs a call returns."""
 
     Final = 0  # PopTorch's values
     EveryN = 1

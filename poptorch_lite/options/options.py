@@ -1,4 +1,4 @@
-"""``poptorch_lite.Options`` (spec §2.5, P21-P36) and its translation to backend options.
+"""``poptorch_lite.Options`` and its translation to backend options.
 
 Setters return ``self`` so calls chain, check their argument types (``TypeError`` naming the
 option) and store typed values. An object handed to a wrapper or a DataLoader is frozen: later
@@ -185,7 +185,7 @@ class Options(OptionsDictMixin):
     # --- batching ------------------------------------------------------------------------------
 
     def deviceIterations(self, device_iterations: int):  # noqa: N802
-        """N device-loop iterations per call; inputs carry N times more micro-batches (P21)."""
+        """N device-loop iterations per call; inputs carry N times more micro-batches."""
         return self._set("deviceIterations", _positive("deviceIterations", device_iterations))
 
     @property
@@ -193,7 +193,7 @@ class Options(OptionsDictMixin):
         return self._values["deviceIterations"]
 
     def replicationFactor(self, replication_factor: int):  # noqa: N802
-        """R local data-parallel replicas (P22): each runs the whole model on its own
+        """R local data-parallel replicas: each runs the whole model on its own
         micro-batches; gradients are reduced over all replicas (of all processes) before each
         optimizer step. The device then has R × (IPUs per replica) IPUs."""
         _positive("replicationFactor", replication_factor)
@@ -208,7 +208,7 @@ class Options(OptionsDictMixin):
         return self._values["replicationFactor"]
 
     def inputReplicaGrouping(self, input_group_size: int, input_group_type):  # noqa: N802
-        """Replicas in groups of ``input_group_size`` share their input (spec §2.4): the call
+        """Replicas in groups of ``input_group_size`` share their input: the call
         then carries R / size micro-batches per step, group r feeding replicas r·size ..
         r·size+size-1 (Consecutive) or r, r + R/size, ... (Orthogonal)."""
         _positive("inputReplicaGrouping", input_group_size)
@@ -237,7 +237,7 @@ class Options(OptionsDictMixin):
         return self.replication_factor // self.input_replica_grouping[0]
 
     def outputMode(self, output_mode, output_return_period=None):  # noqa: N802
-        """Which micro-batches' outputs come back (P25, spec §2.4)."""
+        """Which micro-batches' outputs come back."""
         if not isinstance(output_mode, OutputMode):
             raise TypeError(f"Options.outputMode: expected an OutputMode, got {output_mode!r}.")
         period = 1
@@ -273,7 +273,7 @@ class Options(OptionsDictMixin):
     def anchorTensor(self, short_name: str, long_name: str, output_mode=None,  # noqa: N802
                      output_return_period: int = 1):
         """Also return the backend tensor ``long_name`` (an id of ``getTensorNames()``) after
-        each run, read with ``wrapper.getAnchoredTensor(short_name)`` (P18). ``output_mode``
+        each run, read with ``wrapper.getAnchoredTensor(short_name)``. ``output_mode``
         None: the model's output mode and period."""
         _check_type("anchorTensor", short_name, str)
         _check_type("anchorTensor", long_name, str)
@@ -291,7 +291,7 @@ class Options(OptionsDictMixin):
     # --- device, seed, caching -----------------------------------------------------------------
 
     def randomSeed(self, random_seed: int):  # noqa: N802
-        """Seed the device RNG; also seeds host torch (P29)."""
+        """Seed the device RNG; also seeds host torch."""
         _check_type("randomSeed", random_seed, int)
         torch.manual_seed(random_seed)
         return self._set("randomSeed", random_seed)
@@ -554,7 +554,7 @@ class Options(OptionsDictMixin):
         return self._Popart.backend_patterns
 
     def _replication_to_backend(self, opts: popart.SessionOptions) -> None:
-        """Local replicas, and global replication when several processes run (spec §5.3)."""
+        """Local replicas, and global replication when several processes run."""
         replicas = self.replication_factor
         if replicas > 1:
             opts.enableReplicatedGraphs = True
