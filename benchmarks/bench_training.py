@@ -18,7 +18,7 @@ It prints the median ms per weight update and the ratio ours/eager. Target (issu
 ours/eager <= 1.3 for each model and optimizer.
 
     python benchmarks/bench_training.py [--reps 20] [--models mlp,cnn,bert]
-        [--optimizers sgd,adam] [--profile bert-adam]
+        [--optimizers sgd,adam] [--profile bert-adam] [--threads 1]
 """
 
 from __future__ import annotations
@@ -221,7 +221,11 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="mlp,cnn,bert")
     parser.add_argument("--optimizers", default="sgd,adam")
     parser.add_argument("--profile", default="", help="comma-separated model-optimizer pairs")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch intra-op threads for both sides (0: torch's default)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     profiled = set(filter(None, args.profile.split(",")))
 

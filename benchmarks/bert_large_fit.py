@@ -7,13 +7,16 @@ the first 3 layers), micro-batch 8, replication 4, gradient accumulation 2048, L
 optimizer state off chip with replicated tensor sharding, available memory proportion
 [0.15, 0.25, 0.25, 0.25] per IPU, recomputation; it ran at 5,179 sequences/s on a Bow Pod16.
 
-This script builds a BERT-shaped model from a ``transformers`` ``BertConfig`` (hidden 1024,
-16 heads, FFN 4096, vocabulary 30522), exports it to ONNX in float16 with the TorchScript
-exporter (one trace, no training), annotates each node with the IPU and pipeline stage of its
-layer and each matmul with its IPU's available memory proportion, runs the training passes and
-asks the compile-time memory and cycle models for the verdict, on an offline Bow (ipu21)
-device. Nothing is run and no device storage is allocated. It prints the fit verdict per IPU
-and the estimated sequences/s of all replicas next to the published figure, with the ratio.
+This script drives the public API only, as a user asking "will it fit" would: it writes a
+BERT-shaped ONNX model (hidden 1024, 16 heads, FFN 4096, vocabulary 30522, float16) whose
+initializers are external data in a sparse file of zeros (the model is never run, so only
+the shapes matter and the file costs no disk and no time), with each node placed on the IPU
+and pipeline stage of its layer and each matmul given its IPU's available memory proportion;
+then builds a ``TrainingSession`` with the published options on an offline Bow (ipu21) device
+and calls ``prepareDevice()``, which plans memory and cycles from shapes alone and allocates
+no tensor storage. It prints the fit verdict per IPU (from ``getReport()``), the estimated
+sequences/s of all replicas next to the published figure with the ratio, the wall time and
+the peak host memory of the process.
 
 The head is simplified: the loss is the mean of the encoder output (Graphcore's applications
 add the masked-LM and next-sentence heads, whose decoder shares the embedding matrix on
@@ -30,26 +33,22 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
+import resource
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
-import torch
+from onnx import TensorProto, helper
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import popart_backend as popart  # noqa: E402
-from popart_backend.dataflow import AnchorReturnType, DataFlow  # noqa: E402
-from popart_backend.device.analysis import analyse  # noqa: E402
-from popart_backend.device.transfers import BatchInfo  # noqa: E402
-from popart_backend.device.lower import lower  # noqa: E402
-from popart_backend.device.memory import format_bytes  # noqa: E402
-from popart_backend.importer.onnx_model import import_model, load_model  # noqa: E402
-from popart_backend.transforms.pipeline import run_passes, training_passes  # noqa: E402
 
 # The older sweep (--sweep): name -> layers per IPU (the embeddings go with the first IPU).
 SPLITS = {"1 IPU": [24], "2 IPUs": [12, 12], "4 IPUs (Graphcore's split)": [3, 7, 7, 7]}
@@ -83,82 +82,150 @@ class BertShape:
     heads: int = 16
     ffn: int = 4096
     vocab: int = 30522
+    max_positions: int = 512
 
 
 BERT_LARGE = BertShape()
 
 
-class _Bert(torch.nn.Module):
-    """BertModel + a scalar loss (mean of the encoder output, in float32)."""
+class _OnnxWriter:
+    """Nodes and float16 initializers of the model; every initializer is a slice of one
+    external data file, which ``close`` extends (sparsely) to its full length."""
 
-    def __init__(self, config):
-        super().__init__()
-        from transformers import BertModel
+    def __init__(self, data_path: Path):
+        self.data_path = data_path
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.offset = 0
+        self.place: tuple[int, int] | None = None  # (IPU, stage) of the nodes made now
+        self.available_memory: float | None = None
+        self._count = 0
 
-        self.bert = BertModel(config, add_pooling_layer=False)
+    def weight(self, name: str, shape: tuple[int, ...]) -> str:
+        tensor = TensorProto(name=name, data_type=TensorProto.FLOAT16, dims=shape)
+        length = 2 * math.prod(shape)
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.data_path.name), ("offset", str(self.offset)),
+                           ("length", str(length))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        self.offset += -(-length // 64) * 64  # aligned, as onnx's writer does
+        self.initializers.append(tensor)
+        return name
 
-    def forward(self, input_ids, token_type_ids, attention_mask):
-        out = self.bert(input_ids=input_ids, token_type_ids=token_type_ids,
-                        attention_mask=attention_mask).last_hidden_state
-        return out.float().mean()
+    def const(self, values, dtype=np.int64) -> str:
+        name = self._name("const")
+        self.node("Constant", [], name, value=onnx.numpy_helper.from_array(
+            np.asarray(values, dtype=dtype), name))
+        return name
 
+    def _name(self, kind: str) -> str:
+        self._count += 1
+        return f"{kind}_{self._count}"
 
-def export_bert(path: Path, layers: int, micro_batch: int, seq: int,
-                shape: BertShape = BERT_LARGE) -> None:
-    from transformers import BertConfig
+    def node(self, op_type: str, inputs: list[str], output: str | None = None,
+             domain: str = "", **attrs) -> str:
+        output = output or self._name(op_type.lower())
+        node = helper.make_node(op_type, inputs, [output], name=f"{op_type}_{self._count}",
+                                domain=domain, **attrs)
+        if self.place is not None:
+            node.attribute.extend([helper.make_attribute("__ipu_number", self.place[0]),
+                                   helper.make_attribute("__pipeline_stage", self.place[1])])
+        if self.available_memory is not None and op_type in ("MatMul", "Gemm", "Conv"):
+            node.attribute.append(helper.make_attribute("__available_memory",
+                                                        float(self.available_memory)))
+        self.nodes.append(node)
+        return output
 
-    config = BertConfig(hidden_size=shape.hidden, num_hidden_layers=layers,
-                        num_attention_heads=shape.heads, intermediate_size=shape.ffn,
-                        vocab_size=shape.vocab, max_position_embeddings=max(512, seq),
-                        hidden_act="gelu", attn_implementation="eager")
-    torch.manual_seed(0)
-    model = _Bert(config).half().eval()
-    ids = torch.zeros((micro_batch, seq), dtype=torch.int64)
-    mask = torch.ones((micro_batch, seq), dtype=torch.int64)
-    with torch.no_grad():
-        torch.onnx.export(model, (ids, ids, mask), str(path), input_names=[
-            "input_ids", "token_type_ids", "attention_mask"], output_names=["loss"],
-            opset_version=17, dynamo=False, do_constant_folding=False)
-    del model
-    gc.collect()
-
-
-# Nodes whose plan the available memory proportion constrains (builder.setAvailableMemoryProportion).
-_PLANNED = ("MatMul", "Gemm", "Conv")
-
-
-def annotate(proto: onnx.ModelProto, layers_per_ipu: list[int],
-             available_memory: tuple[float, ...] | None = None) -> onnx.ModelProto:
-    """Put every node on the IPU (and pipeline stage) of the encoder layer it belongs to; nodes
-    before the first layer (embeddings) on IPU 0, after the last (loss) on the last IPU. With
-    ``available_memory`` each matmul gets its IPU's proportion (``__available_memory``)."""
-    first_layer = [sum(layers_per_ipu[:i]) for i in range(len(layers_per_ipu))]
-    ipu_of_layer = {layer: ipu for ipu, start in enumerate(first_layer)
-                    for layer in range(start, start + layers_per_ipu[ipu])}
-    current = 0
-    for node in proto.graph.node:
-        marker = "/encoder/layer."
-        if marker in node.name:
-            layer = int(node.name.split(marker)[1].split("/")[0])
-            current = max(current, ipu_of_layer[layer])
-        if len(layers_per_ipu) > 1:
-            node.attribute.extend([onnx.helper.make_attribute("__ipu_number", current),
-                                   onnx.helper.make_attribute("__pipeline_stage", current)])
-        if available_memory is not None and node.op_type in _PLANNED:
-            node.attribute.append(onnx.helper.make_attribute(
-                "__available_memory", float(available_memory[current])))
-    return proto
+    def close(self) -> None:
+        with open(self.data_path, "wb") as f:
+            f.truncate(self.offset)  # a hole: zeros, no disk blocks
 
 
-def verdict(path: Path, layers_per_ipu: list[int], micro_batch: int, accumulation: int,
-            off_chip: bool, recompute: str = "pipeline", replicas: int = 1, rts: bool = False,
-            available_memory: tuple[float, ...] | None = None, ipu_version: str = "ipu2"):
-    """The device model of one training configuration (nothing is run or allocated)."""
-    ipus = len(layers_per_ipu)
-    loaded = load_model(str(path))
-    annotate(loaded.proto, layers_per_ipu, available_memory)
+def write_bert(path: Path, layers_per_ipu: list[int], micro_batch: int, seq: int,
+               shape: BertShape = BERT_LARGE,
+               available_memory: tuple[float, ...] | None = None) -> Path:
+    """A BERT encoder (post-layer-norm, GELU, additive attention mask) in float16 with a
+    scalar float32 loss, written to ``path`` (data next to it, in ``<name>.data``).
+
+    The embeddings go with the first layer's IPU, the loss with the last. With more than one
+    IPU every node has ``__ipu_number`` and ``__pipeline_stage``; with ``available_memory``
+    every matmul has its IPU's proportion (``__available_memory``)."""
+    w = _OnnxWriter(path.with_suffix(".data"))
+    h, heads, b, s = shape.hidden, shape.heads, micro_batch, seq
+    d = h // heads
+    pipelined = len(layers_per_ipu) > 1
+
+    def at(ipu: int) -> None:
+        w.place = (ipu, ipu) if pipelined else None
+        w.available_memory = available_memory[ipu] if available_memory is not None else None
+
+    def linear(x: str, name: str, n_in: int, n_out: int) -> str:
+        y = w.node("MatMul", [x, w.weight(f"{name}.weight", (n_in, n_out))])
+        return w.node("Add", [y, w.weight(f"{name}.bias", (n_out,))])
+
+    def layer_norm(x: str, name: str) -> str:
+        return w.node("LayerNormalization", [x, w.weight(f"{name}.gamma", (h,)),
+                                             w.weight(f"{name}.beta", (h,))], axis=-1,
+                      epsilon=1e-12)
+
+    at(0)
+    word = w.node("Gather", [w.weight("embeddings.word", (shape.vocab, h)), "input_ids"])
+    positions = w.node("Gather", [w.weight("embeddings.position", (shape.max_positions, h)),
+                                  w.const(np.arange(s), np.int32)])
+    types = w.node("Gather", [w.weight("embeddings.token_type", (2, h)), "token_type_ids"])
+    x = layer_norm(w.node("Add", [w.node("Add", [word, positions]), types]), "embeddings.ln")
+    # The additive mask (0 where attended, -10000 where padded), made once on IPU 0.
+    keep = w.node("Cast", [w.node("Reshape", ["attention_mask", w.const([b, 1, 1, s])])],
+                  to=TensorProto.FLOAT16)
+    mask = w.node("Mul", [w.node("Sub", [w.const(np.array(1), np.float16), keep]),
+                          w.const(np.array(-10000), np.float16)])
+    heads_shape = w.const([b, s, heads, d])
+    hidden_shape = w.const([b, s, h])
+    scale = w.const(np.array(1 / math.sqrt(d)), np.float16)
+    layer = 0
+    for ipu, count in enumerate(layers_per_ipu):
+        at(ipu)
+        for _ in range(count):
+            name = f"encoder.layer.{layer}"
+            q, k, v = (w.node("Reshape", [linear(x, f"{name}.attention.{p}", h, h),
+                                          heads_shape]) for p in "qkv")
+            q = w.node("Transpose", [q], perm=[0, 2, 1, 3])
+            k = w.node("Transpose", [k], perm=[0, 2, 3, 1])
+            v = w.node("Transpose", [v], perm=[0, 2, 1, 3])
+            scores = w.node("Add", [w.node("Mul", [w.node("MatMul", [q, k]), scale]),
+                                    mask])
+            context = w.node("MatMul", [w.node("Softmax", [scores], axis=-1), v])
+            context = w.node("Reshape", [w.node("Transpose", [context], perm=[0, 2, 1, 3]),
+                                         hidden_shape])
+            x = layer_norm(w.node("Add", [linear(context, f"{name}.attention.out", h, h), x]),
+                           f"{name}.attention.ln")
+            inner = w.node("Gelu", [linear(x, f"{name}.ffn.in", h, shape.ffn)],
+                           domain="ai.graphcore")
+            x = layer_norm(w.node("Add", [linear(inner, f"{name}.ffn.out", shape.ffn, h), x]),
+                           f"{name}.ffn.ln")
+            layer += 1
+    w.node("ReduceMean", [w.node("Cast", [x], to=TensorProto.FLOAT)], "loss", keepdims=0)
+    w.close()
+    graph = helper.make_graph(
+        w.nodes, "bert",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT32, [b, s]),
+         helper.make_tensor_value_info("token_type_ids", TensorProto.INT32, [b, s]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT32, [b, s])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], w.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("ai.graphcore", 1)])
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def options(layers_per_ipu: list[int], accumulation: int, off_chip: bool,
+            recompute: str = "pipeline", replicas: int = 1,
+            rts: bool = False) -> popart.SessionOptions:
+    """The published configuration's session options (profiling on, for the report)."""
     opts = popart.SessionOptions()
-    if ipus > 1:
+    opts.engineOptions = {"autoReport.all": "true"}
+    if len(layers_per_ipu) > 1:
         opts.virtualGraphMode = popart.VirtualGraphMode.Manual
         opts.enablePipelining = True
     opts.enableGradientAccumulation = True
@@ -169,7 +236,7 @@ def verdict(path: Path, layers_per_ipu: list[int], micro_batch: int, accumulatio
     # Pipeline: only stage inputs are stashed, each stage recomputes its forward in the
     # backward pass; a single IPU has no stages, so it recomputes with checkpoints (Standard).
     opts.autoRecomputation = (popart.RecomputationType.Pipeline
-                              if recompute == "pipeline" and ipus > 1
+                              if recompute == "pipeline" and len(layers_per_ipu) > 1
                               else popart.RecomputationType.Standard)
     if off_chip or rts:
         storage = popart.TensorStorage.OffChip if off_chip else popart.TensorStorage.OnChip
@@ -177,33 +244,48 @@ def verdict(path: Path, layers_per_ipu: list[int], micro_batch: int, accumulatio
                     else popart.ReplicatedTensorSharding.Off)
         opts.optimizerStateTensorLocationSettings = popart.TensorLocationSettings(
             popart.TensorLocation(storage, sharding))
+    return opts
+
+
+def verdict(path: Path, layers_per_ipu: list[int], accumulation: int, off_chip: bool,
+            recompute: str = "pipeline", replicas: int = 1, rts: bool = False,
+            ipu_version: str = "ipu2"):
+    """Prepare one training configuration on an offline device: (device model of the
+    report, out-of-memory status). Nothing is run and no device storage is allocated."""
+    opts = options(layers_per_ipu, accumulation, off_chip, recompute, replicas, rts)
     optimizer = popart.Adam({"defaultLearningRate": (1e-3, False)}, mode=popart.AdamMode.Lamb,
                             accum_type=popart.DataType.FLOAT16,
                             accl1_type=popart.DataType.FLOAT, accl2_type=popart.DataType.FLOAT)
-    ir = import_model(loaded)
-    ir.anchors = ["loss"]
-    run_passes(ir, training_passes(opts, "loss", optimizer, accumulation, replicas, ipus, 1))
-    flow = DataFlow(1, {"loss": AnchorReturnType("Final")})
-    program = lower(ir, flow, replicas, accumulation)
     device = popart.DeviceManager().createOfflineIPUDevice(
-        {"numIPUs": ipus * replicas, "ipuVersion": ipu_version})
-    return analyse(ir, program.schedule, device, opts, BatchInfo.from_program(program),
-                   program=program, model=loaded.proto)
+        {"numIPUs": len(layers_per_ipu) * replicas, "ipuVersion": ipu_version})
+    flow = popart.DataFlow(1, {"loss": popart.AnchorReturnType("Final")})
+    session = popart.TrainingSession(fnModel=str(path), dataFlow=flow, loss="loss",
+                                     optimizer=optimizer, deviceInfo=device, userOptions=opts)
+    status = popart.OutOfMemoryError()
+    session.prepareDevice(err=status)
+    return session.getReport().model, status
 
 
 def memory_lines(model) -> list[str]:
     lines = []
     for m in model.memory.ipus:
-        cats = ", ".join(f"{k} {format_bytes(v)}" for k, v in m.categories.items() if v)
-        lines.append(f"  IPU {m.ipu}: {format_bytes(m.total_bytes)} of "
-                     f"{format_bytes(m.capacity_bytes)} ({100 * m.utilisation:.0f}%), "
-                     f"fullest tile {format_bytes(m.worst_tile_bytes)} of "
-                     f"{format_bytes(m.tile_bytes)}"
+        cats = ", ".join(f"{k} {_bytes(v)}" for k, v in m.categories.items() if v)
+        lines.append(f"  IPU {m.ipu}: {_bytes(m.total_bytes)} of "
+                     f"{_bytes(m.capacity_bytes)} ({100 * m.utilisation:.0f}%), "
+                     f"fullest tile {_bytes(m.worst_tile_bytes)} of "
+                     f"{_bytes(m.tile_bytes)}"
                      + ("" if m.fits else "  OUT OF MEMORY")
-                     + (f"; off chip {format_bytes(m.streaming_bytes)}"
+                     + (f"; off chip {_bytes(m.streaming_bytes)}"
                         if m.streaming_bytes else ""))
         lines.append(f"    {cats}")
     return lines
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
 
 
 def comparison_line(model, published: Published, comparable: bool = True) -> str:
@@ -217,20 +299,27 @@ def comparison_line(model, published: Published, comparable: bool = True) -> str
     return line if comparable else line + " (a cut of the model: not comparable)"
 
 
+def peak_host_bytes() -> int:
+    """Peak resident memory of this process so far (ru_maxrss is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def run_published(path: Path, published: Published, layers_per_ipu: list[int],
                   accumulation: int, comparable: bool) -> tuple[object, list[str]]:
-    """The published configuration (or a cut of it): (device model, printed lines)."""
+    """The published configuration (or a cut of it) on an offline device of its IPU version:
+    (device model, printed lines)."""
     start = time.perf_counter()
-    model = verdict(path, layers_per_ipu, published.micro_batch, accumulation, off_chip=True,
-                    replicas=published.replicas, rts=True,
-                    available_memory=published.available_memory,
-                    ipu_version=published.ipu_version)
+    model, status = verdict(path, layers_per_ipu, accumulation, off_chip=True,
+                            replicas=published.replicas, rts=True,
+                            ipu_version=published.ipu_version)
     c = model.cycles
+    fits = status.isSuccessful()
     lines = [f"published configuration, layers {layers_per_ipu}, micro-batch "
              f"{published.micro_batch}, replication {published.replicas}, accumulation "
              f"{accumulation}, {published.ipu_version}: "
-             f"{'FITS' if model.memory.fits else 'DOES NOT FIT'} "
-             f"({time.perf_counter() - start:.0f} s)",
+             f"{'FITS' if fits else 'DOES NOT FIT'} "
+             f"(prepared in {time.perf_counter() - start:.1f} s)",
+             *([] if fits else ["  " + str(status).splitlines()[0]]),
              *memory_lines(model),
              f"  step ({accumulation} micro-batches per replica): {c.step_seconds * 1e3:.1f} ms",
              "  " + comparison_line(model, published, comparable)]
@@ -250,29 +339,34 @@ def main(argv=None) -> None:
     published = BERT_LARGE_SEQ128
     scale = args.layers / 24
     split = [max(1, round(n * scale)) for n in published.layers_per_ipu]
+    wall = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bert.onnx"
         start = time.perf_counter()
-        export_bert(path, sum(split), published.micro_batch, published.seq)
-        print(f"exported BERT ({sum(split)} layers, micro-batch {published.micro_batch}, seq "
-              f"{published.seq}, float16) in {time.perf_counter() - start:.0f} s")
+        write_bert(path, split, published.micro_batch, published.seq,
+                   available_memory=published.available_memory)
+        print(f"wrote BERT ({sum(split)} layers, micro-batch {published.micro_batch}, seq "
+              f"{published.seq}, float16) in {time.perf_counter() - start:.1f} s")
         comparable = args.layers == 24 and args.accumulation == published.accumulation
         model, lines = run_published(path, published, split, args.accumulation, comparable)
         print("\n".join(lines))
+        print(f"wall time {time.perf_counter() - wall:.1f} s, peak host memory "
+              f"{_bytes(peak_host_bytes())}")
         del model
         gc.collect()
         if not args.sweep:
             return
         for name, sweep_split in SPLITS.items():
             sweep_split = [max(1, round(n * scale)) for n in sweep_split]
+            sweep_path = write_bert(Path(tmp) / f"sweep{len(sweep_split)}.onnx", sweep_split,
+                                    published.micro_batch, published.seq)
             for off_chip in (False, True):
                 start = time.perf_counter()
-                model = verdict(path, sweep_split, published.micro_batch, 16, off_chip,
-                                args.recompute)
+                model, status = verdict(sweep_path, sweep_split, 16, off_chip, args.recompute)
                 where = "off chip" if off_chip else "on chip"
                 print(f"\n{name}, layers {sweep_split}, optimizer state {where}: "
-                      f"{'FITS' if model.memory.fits else 'DOES NOT FIT'} "
-                      f"({time.perf_counter() - start:.0f} s)")
+                      f"{'FITS' if status.isSuccessful() else 'DOES NOT FIT'} "
+                      f"({time.perf_counter() - start:.1f} s)")
                 print("\n".join(memory_lines(model)))
                 c = model.cycles
                 print(f"  step (16 micro-batches): {c.step_seconds * 1e3:.1f} ms, "

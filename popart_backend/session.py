@@ -20,11 +20,13 @@ import threading
 import numpy as np
 
 from . import progress
-from .dataflow import DataFlow, anchor_shape
+from .dataflow import DataFlow, PyStepIO, anchor_shape
 from .device.analysis import DeviceModel, analyse
 from .device.distributed import check_global_replication, replica_comm
+from .device.fp_position import RunPosition, track_run
 from .device.lower import Program, lower
-from .device.manager import DeviceConnectionType, DeviceInfo
+from .device.manager import DeviceConnectionType
+from .device.run_tables import execution_order
 from .device.simulator import SimulatedDevice
 from .device.transfers import BatchInfo
 from .errors import popart_exception, popart_runtime_error
@@ -35,14 +37,15 @@ from .ir.dump import dump_on_error, maybe_dump_ir
 from .ir.ir import Ir
 from .limits import check_step
 from .optim.base import Optimizer
-from .options.checks import check_buildable, check_io_options
+from .options.checks import check_buildable, check_io_options, check_stitch_strategy
 from .options.enums import DotCheck, SyntheticDataMode
 from .options.patterns import Patterns, log_pattern_effects
 from .options.session_options import SessionOptions
 from .report import (PROFILING_DISABLED, Report, profiling_enabled, report_directory,
                      summary_text, write_auto_report)
-from .session_methods import SessionMethodsMixin
-from .session_weights import WeightsMixin
+from .session_methods import (IrSource, SessionMethodsMixin, check_64bit_inputs,
+                              check_64bit_ranges, mark_broadcast_inputs, remember_ir_source)
+from .session_weights import HostWeights, WeightsMixin
 from .tensorinfo import InputShapeInfo, TensorInfo, input_settings_from_model
 from .transforms.pipeline import inference_passes, run_passes, training_passes
 
@@ -87,17 +90,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
                 f"{type(dataFlow).__name__}."
             )
         dataFlow = copy.copy(dataFlow)  # noqa: N806 - PopART sessions copy it (setBatchesPerStep)
-        if deviceInfo is None:
-            raise popart_exception(
-                f"{type(self).__name__}: deviceInfo is None (no device was acquired). Use "
-                f"DeviceManager().createCpuDevice() or acquireAvailableDevice(...)."
-            )
-        if not isinstance(deviceInfo, DeviceInfo):
-            raise popart_exception(
-                f"{type(self).__name__}: deviceInfo must be a DeviceInfo from the DeviceManager "
-                f"(createCpuDevice(), createIpuModelDevice(...), acquireAvailableDevice(...)), "
-                f"not {type(deviceInfo).__name__}."
-            )
+        self._check_device_info(deviceInfo)
         if not isinstance(inputShapeInfo, InputShapeInfo):
             raise popart_exception(
                 f"{type(self).__name__}: inputShapeInfo must be an InputShapeInfo, not "
@@ -119,6 +112,72 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
         self._patterns = patterns
         self._data_flow = dataFlow
         self._device_info = deviceInfo
+        self._set_factors(userOptions)
+
+        self._model: LoadedModel = load_model(fnModel)
+        self._check_io_settings()
+        self._dots = DotWriter(userOptions)  # also rejects a bad POPART_DOT_CHECKS
+        graph_name = self._model.proto.graph.name
+        self._ir = None
+        with dump_on_error(lambda: self._ir, graph_name):
+            self._ir = import_model(
+                self._model,
+                input_shape_info=inputShapeInfo.to_ir(),
+                constant_weights=self._constant_weights(),
+                strict_op_versions=userOptions.strictOpVersions,
+                fold_multiple_consumers=userOptions.enableConstantFoldingOfMultipleConsumers,
+                replicas=self._global_replication_factor,
+            )
+            self._ir.patterns = patterns  # read by the passes (transforms/apply_patterns.py)
+            self._dots.write(self._ir, DotCheck.Fwd0)
+            # Sequence / optional graph IO: anchors name elements (importer/value_io.ValueIO).
+            self._value_io = self._ir.value_io
+            self._user_anchors = dataFlow.anchors()
+            if self._value_io:
+                dataFlow = self._value_io.expand_data_flow(dataFlow)
+                self._data_flow = dataFlow
+            if not self._training:
+                self._check_anchors_exist()
+            self._ir.anchors = dataFlow.anchors()
+            passes = self._passes()
+            with progress.track(f"{name}: IR passes", len(passes), "pass") as steps:
+                self._dots.run_passes(self._ir, passes, progress.counting(run_passes, steps))
+            if self._training:
+                self._check_anchors_exist()
+        remember_ir_source(self._ir, IrSource(self._model, dataFlow, self._user_anchors,
+                                              userOptions, patterns))
+        self._finish_init()
+
+    def _finish_init(self) -> None:
+        """Lower the IR after its passes, check the device, take the host weights."""
+        name = self.name
+        if self._ir.restored_state:
+            # Training state stored in the model that this session has no use for.
+            _log.log(logging.WARNING if self._training else logging.INFO,
+                     "%s '%s': the model stores training state %s that this session does not "
+                     "create (another optimizer, or no training); it is not used.",
+                     type(self).__name__, name, sorted(self._ir.restored_state))
+        maybe_dump_ir(self._ir, self._model.proto.graph.name)
+        _log.info("%s '%s': %d ops, %d tensors after its passes", type(self).__name__, name,
+                  len(self._ir.main.ops), len(self._ir.main.tensors))
+        self._program: Program = lower(self._ir, self._data_flow, self._replication_factor,
+                                       self._accumulation_factor)
+        mark_broadcast_inputs(self._program, self._model.proto)
+        check_64bit_inputs(self._program, self._options)
+        self._check_device()
+        # Host copies of the weights (variables), as given by the model or writeWeights();
+        # each is copied from the IR when first used.
+        self._host_weights = HostWeights(self._ir.main.tensors, self._program.weights)
+        self._random_seed = 0
+        self._device: SimulatedDevice | None = None
+        self._device_model: DeviceModel | None = None
+        self._runs = 0
+        self._profiled_runs = 0
+        self._engine_loaded = False
+        self._weights_written = False
+
+    def _set_factors(self, userOptions: SessionOptions) -> None:  # noqa: N803
+        """Local and global replication and accumulation factors of ``userOptions``."""
         check_global_replication(userOptions)
         self._replication_factor = (
             userOptions.replicatedGraphCount if userOptions.enableReplicatedGraphs else 1
@@ -137,60 +196,6 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
             if userOptions.enableDistributedReplicatedGraphs else self._replication_factor
         )
         self._accumulation_factor = userOptions.getAccumulationFactor()
-
-        self._model: LoadedModel = load_model(fnModel)
-        self._check_io_settings()
-        self._dots = DotWriter(userOptions)  # also rejects a bad POPART_DOT_CHECKS
-        graph_name = self._model.proto.graph.name
-        self._ir = None
-        with dump_on_error(lambda: self._ir, graph_name):
-            self._ir = import_model(
-                self._model,
-                input_shape_info=inputShapeInfo.to_ir(),
-                constant_weights=self._constant_weights(),
-                strict_op_versions=userOptions.strictOpVersions,
-                fold_multiple_consumers=userOptions.enableConstantFoldingOfMultipleConsumers,
-            )
-            self._ir.patterns = patterns  # read by the passes (transforms/apply_patterns.py)
-            self._dots.write(self._ir, DotCheck.Fwd0)
-            # Sequence / optional graph IO: anchors name elements (importer/value_io.ValueIO).
-            self._value_io = self._ir.value_io
-            self._user_anchors = dataFlow.anchors()
-            if self._value_io:
-                dataFlow = self._value_io.expand_data_flow(dataFlow)
-                self._data_flow = dataFlow
-            if not self._training:
-                self._check_anchors_exist()
-            self._ir.anchors = dataFlow.anchors()
-            passes = self._passes()
-            with progress.track(f"{name}: IR passes", len(passes), "pass") as steps:
-                self._dots.run_passes(self._ir, passes, progress.counting(run_passes, steps))
-            if self._training:
-                self._check_anchors_exist()
-        if self._ir.restored_state:
-            # Training state stored in the model that this session has no use for.
-            _log.log(logging.WARNING if self._training else logging.INFO,
-                     "%s '%s': the model stores training state %s that this session does not "
-                     "create (another optimizer, or no training); it is not used.",
-                     type(self).__name__, name, sorted(self._ir.restored_state))
-        maybe_dump_ir(self._ir, graph_name)
-        _log.info("%s '%s': %d ops, %d tensors after its passes", type(self).__name__, name,
-                  len(self._ir.main.ops), len(self._ir.main.tensors))
-        self._program: Program = lower(self._ir, dataFlow, self._replication_factor,
-                                       self._accumulation_factor)
-        self._check_device()
-        # Host copies of the weights (variables), as given by the model or writeWeights().
-        self._host_weights = {
-            tid: np.array(self._ir.main.tensors[tid].data, copy=True)
-            for tid in self._program.weights
-        }
-        self._random_seed = 0
-        self._device: SimulatedDevice | None = None
-        self._device_model: DeviceModel | None = None
-        self._runs = 0
-        self._profiled_runs = 0
-        self._engine_loaded = False
-        self._weights_written = False
 
     # --- construction checks ----------------------------------------------------------------
 
@@ -287,13 +292,16 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
             with progress.track(f"{self.name}: prepareDevice", 3, "stage",
                                 self._options.compilationProgressLogger,
                                 self._options.compilationProgressTotal) as steps:
+                # No storage yet: the device allocates its variables and run buffers (per
+                # replica) at weightsFromHost or the first run; an offline device never does.
                 device = SimulatedDevice(
                     self._program, _SYNTHETIC[self._options.syntheticDataMode], self._random_seed,
                     replica_comm(self._options, self._replication_factor))
                 progress.step(steps, "device model")
-                # The memory and cycle model of the simulated IPU (DESIGN decision 8): raises
-                # OutOfMemoryException when a tile or an IPU overflows.
-                self._device_model = analyse(self._ir, device.plan.order, self._device_info,
+                # The memory and cycle model of the simulated IPU (DESIGN decision 8), from
+                # shapes alone: raises OutOfMemoryException when a tile or an IPU overflows.
+                self._device_model = analyse(self._ir, execution_order(self._program),
+                                             self._device_info,
                                              self._options, BatchInfo.from_program(self._program),
                                              program=self._program, model=self._model.proto)
                 progress.step(steps, "memory check")
@@ -359,7 +367,12 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
         if self._value_io:
             streams = {s.id: s.info for s in (*self._program.inputs, *self._program.anchors)}
             stepio = self._value_io.flatten_step_io(stepio, streams)
-        device.run(stepio)
+        if self._options.enableSupportedDataTypeCasting and isinstance(stepio, PyStepIO):
+            check_64bit_ranges(self._program, stepio)
+        checked = self._options.enableFloatingPointChecks  # errors name the call and micro-batch
+        with track_run(RunPosition(self.name, self._runs + 1, self._replication_factor,
+                                   self._accumulation_factor, self._ir.main) if checked else None):
+            device.run(stepio)
         if self._training:
             self._host_weights_in_sync = False  # the device weights moved on
         self._runs += 1
@@ -513,6 +526,19 @@ class InferenceSession(SessionBase):
             name,
         )
 
+    @classmethod
+    def fromIr(cls, ir: Ir, deviceInfo, name: str = "fromIr") -> InferenceSession:  # noqa: N802,N803
+        """A session that runs ``ir`` as it stands, on ``deviceInfo``: no import and no passes,
+        with the model, data flow, options and patterns of the session whose ``getIr()`` it is.
+        The new session works on its own copy of ``ir`` (later edits of ``ir`` do not reach it);
+        an Ir with backward and optimizer ops trains on every ``run()``, as in PopART."""
+        if not isinstance(ir, Ir):
+            raise popart_exception(f"fromIr: ir must be an Ir (session.getIr()), not "
+                                   f"{type(ir).__name__}.")
+        self = cls.__new__(cls)
+        self._init_from_ir(ir, deviceInfo, name)
+        return self
+
     def _constant_weights(self) -> bool:
         return self._options.constantWeights
 
@@ -582,6 +608,7 @@ class TrainingSession(SessionBase):
 
     def _passes(self) -> list:
         self._check_loss()
+        check_stitch_strategy(self._options, len(self._ir.graphs) > 1)
         return training_passes(self._options, self._loss_id, self._optimizer,
                                self._accumulation_factor, self._global_replication_factor,
                                self._ipus_per_replica(), self._data_flow.batchesPerStep())

@@ -5,20 +5,31 @@ session's ``_ir``, ``_model``, ``_device``, ``_program``, ``_host_weights`` and 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import logging
 import shutil
+import threading
+import weakref
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import torch
 
 from .builder.public_types import IrSerializationFormat
-from .errors import OutOfMemoryError, OutOfMemoryException, popart_exception
+from .device.manager import DeviceInfo
+from .dtypes import DataType
+from .errors import OutOfMemoryError, OutOfMemoryException, StepIOError, popart_exception
+from .ir.dot import DotWriter
+from .tensorinfo import ReplicatedStreamMode, input_settings_from_model
 from .ir.dump import ir_to_json
 
-__all__ = ["SessionMethodsMixin"]
+__all__ = ["IrSource", "SessionMethodsMixin", "check_64bit_inputs", "check_64bit_ranges",
+           "ir_source", "mark_broadcast_inputs", "remember_ir_source"]
 
 _log = logging.getLogger("popart:session")
 _LOGGED: set[str] = set()
@@ -30,10 +41,120 @@ def _log_once(key: str, message: str) -> None:
         _log.warning(message)
 
 
+@dataclass(frozen=True)
+class IrSource:
+    """What a session built its Ir from: ``InferenceSession.fromIr`` runs such an Ir again
+    with the same model, data flow (sequence anchors expanded), options and patterns."""
+
+    model: Any  # importer.onnx_model.LoadedModel
+    data_flow: Any  # DataFlow
+    user_anchors: list
+    options: Any  # SessionOptions
+    patterns: Any  # Patterns
+
+
+# Ir -> its IrSource; weak, so an Ir nobody holds any more is not kept alive.
+_IR_SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def remember_ir_source(ir, source: IrSource) -> None:
+    _IR_SOURCES[ir] = source
+
+
+def mark_broadcast_inputs(program, model) -> None:
+    """Flag the Program's inputs the Builder gave ``InputSettings(ReplicatedStreamMode.
+    Broadcast)``: the host feeds one value per micro-batch that every replica reads."""
+    broadcast = {tensor_id for tensor_id, s in input_settings_from_model(model).items()
+                 if s.replicatedStreamMode() is ReplicatedStreamMode.Broadcast}
+    if broadcast:
+        program.inputs = [dataclasses.replace(s, broadcast=s.id in broadcast)
+                          for s in program.inputs]
+
+
+# enableSupportedDataTypeCasting: the 64-bit integer types the IPU holds as 32-bit ones.
+_CAST_64 = {DataType.INT64: (DataType.INT32, np.iinfo(np.int32)),
+            DataType.UINT64: (DataType.UINT32, np.iinfo(np.uint32))}
+
+
+def check_64bit_inputs(program, options) -> None:
+    """``enableSupportedDataTypeCasting = False``: the IPU has no 64-bit integers, so an
+    INT64 / UINT64 host input cannot be streamed; raises popart_exception naming them."""
+    if options.enableSupportedDataTypeCasting:
+        return
+    wide = [f"'{s.id}' ({s.info.dtype.name})" for s in program.inputs if s.info.dtype in _CAST_64]
+    if wide:
+        raise popart_exception(
+            f"Inputs {', '.join(wide)} are 64-bit integers, which the IPU does not support, and "
+            f"SessionOptions.enableSupportedDataTypeCasting is False. Set it to True (the "
+            f"default) to cast them to 32 bits at the stream, or give the inputs as INT32 / "
+            f"UINT32.")
+
+
+def check_64bit_ranges(program, stepio) -> None:
+    """``enableSupportedDataTypeCasting``: INT64 / UINT64 host inputs travel as INT32 / UINT32,
+    so every value must fit; raises StepIOError naming the input and the first bad value."""
+    for stream in program.inputs:
+        cast = _CAST_64.get(stream.info.dtype)
+        array = stepio.inputs.get(stream.id)
+        if cast is None or not isinstance(array, np.ndarray) or array.size == 0 \
+                or array.dtype != stream.info.dtype.numpy:
+            continue
+        narrow, limits = cast
+        bad = (array < limits.min) | (array > limits.max)
+        if bad.any():
+            value = array.reshape(-1)[int(np.argmax(bad.reshape(-1)))]
+            raise StepIOError(
+                f"Input '{stream.id}' ({stream.info.dtype.name}) holds {value}, outside the "
+                f"{narrow.name} range [{limits.min}, {limits.max}] the IPU streams it as "
+                f"(SessionOptions.enableSupportedDataTypeCasting). Give values in that range.")
+
+
+def ir_source(ir) -> IrSource:
+    """The IrSource of ``ir``; raises popart_exception if no session built it."""
+    source = _IR_SOURCES.get(ir)
+    if source is None:
+        raise popart_exception(
+            f"fromIr: this {type(ir).__name__} was not built by a session, so its data flow, "
+            f"options and model are unknown. Pass the Ir of an existing session "
+            f"(session.getIr()), or build an InferenceSession from the ONNX model instead."
+        )
+    return source
+
+
 class SessionMethodsMixin:
     """See the module docstring."""
 
     _host_weights_in_sync = True
+
+    def _check_device_info(self, deviceInfo) -> None:  # noqa: N803
+        """Raise popart_exception unless ``deviceInfo`` is a DeviceInfo."""
+        if deviceInfo is None:
+            raise popart_exception(
+                f"{type(self).__name__}: deviceInfo is None (no device was acquired). Use "
+                f"DeviceManager().createCpuDevice() or acquireAvailableDevice(...)."
+            )
+        if not isinstance(deviceInfo, DeviceInfo):
+            raise popart_exception(
+                f"{type(self).__name__}: deviceInfo must be a DeviceInfo from the DeviceManager "
+                f"(createCpuDevice(), createIpuModelDevice(...), acquireAvailableDevice(...)), "
+                f"not {type(deviceInfo).__name__}."
+            )
+
+    def _init_from_ir(self, ir, device_info, name: str) -> None:
+        """``fromIr``: the session's state from its source, on a copy of ``ir``."""
+        source = ir_source(ir)
+        self._lock = threading.RLock()
+        self._check_device_info(device_info)
+        self.name, self._options, self._patterns = name, source.options, source.patterns
+        self._data_flow, self._device_info = copy.copy(source.data_flow), device_info
+        self._set_factors(source.options)
+        self._model, self._user_anchors = source.model, list(source.user_anchors)
+        self._check_io_settings()
+        self._dots = DotWriter(source.options)
+        self._ir = copy.deepcopy(ir)
+        self._value_io = self._ir.value_io
+        remember_ir_source(self._ir, source)
+        self._finish_init()
 
     def getRandomSeed(self) -> int:  # noqa: N802 - PopART's names
         """The seed of the last ``setRandomSeed`` (0 when never set)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +19,54 @@ from .importer.onnx_model import initializer_value, load_model
 from .ir.ir import CHECKPOINT_PREFIXES
 from .ir.tensor import TensorKind, TensorRole
 
-__all__ = ["WeightsMixin"]
+__all__ = ["HostWeights", "WeightsMixin"]
 
 _log = logging.getLogger("popart:session")
 _TRACE = 5  # PopART's TRACE level (popart_backend.logging.TRACE)
 # The variables modelToHost adds to the model besides the weights it already holds.
 _STATE_ROLES = frozenset({TensorRole.OPTIMIZER_STATE, TensorRole.STEP, TensorRole.ACCUMULATOR})
+
+
+class HostWeights(MutableMapping):
+    """The host copies of a session's variables, each made when first read or written: until
+    then the value is the IR's (the model's initializer, or zeros for state the passes add).
+    Building a session and preparing it on an offline device so hold one copy of the weights,
+    not two."""
+
+    def __init__(self, tensors: Mapping, ids: Iterable[str]):
+        self._tensors = tensors  # the IR's main graph tensors (id -> Tensor with .data)
+        self._ids = dict.fromkeys(ids)  # ordered set
+        self._copies: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, tensor_id: str) -> np.ndarray:
+        value = self._copies.get(tensor_id)
+        if value is None:
+            if tensor_id not in self._ids:
+                raise KeyError(tensor_id)
+            value = self._copies[tensor_id] = np.array(self._tensors[tensor_id].data, copy=True)
+        return value
+
+    def __setitem__(self, tensor_id: str, value: np.ndarray) -> None:
+        self._ids[tensor_id] = None
+        self._copies[tensor_id] = value
+
+    def __delitem__(self, tensor_id: str) -> None:
+        del self._ids[tensor_id]
+        self._copies.pop(tensor_id, None)
+
+    def __contains__(self, tensor_id) -> bool:
+        return tensor_id in self._ids
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @property
+    def copied(self) -> int:
+        """How many host copies exist so far."""
+        return len(self._copies)
 
 
 class WeightsMixin:

@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from .dtypes import DataType, GraphcoreFloat8
-from .errors import NotImplementedOptionError, popart_exception
+from .errors import popart_exception
 from .ir.tensor import TensorInfo as IrTensorInfo
 
 __all__ = [
@@ -282,14 +282,8 @@ class InputSettings:
                 f"InputSettings: exchangeStrategy must be an ExchangeStrategy, not "
                 f"{exchangeStrategy!r}."
             )
-        if mode is ReplicatedStreamMode.Broadcast:
-            # The host would feed one un-replicated array that every replica reads; the
-            # session's feeds always carry one slice per replica.
-            raise NotImplementedOptionError(
-                "InputSettings(ReplicatedStreamMode.Broadcast): broadcasting one input to every "
-                "replica is not built yet. Use ReplicatedStreamMode.Replicate (the default) and "
-                "feed each replica its copy of the data."
-            )
+        # Broadcast: the host array has no replica dimension and every replica reads the same
+        # value (device/simulator.py _bind_inputs).
         self._tile_set = tileSet
         self._exchange_strategy = exchangeStrategy
         self._replicated_stream_mode = mode
@@ -305,29 +299,39 @@ class InputSettings:
 
     def is_default(self) -> bool:
         return (self._tile_set is TileSet.Compute
-                and self._exchange_strategy is ExchangeStrategy.JustInTime)
+                and self._exchange_strategy is ExchangeStrategy.JustInTime
+                and self._replicated_stream_mode is ReplicatedStreamMode.Replicate)
+
+    def _key(self) -> tuple:
+        return self._tile_set, self._exchange_strategy, self._replicated_stream_mode
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, InputSettings):
             return NotImplemented
-        return (self._tile_set, self._exchange_strategy) == (
-            other._tile_set, other._exchange_strategy)
+        return self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash((self._tile_set, self._exchange_strategy))
+        return hash(self._key())
 
     def __repr__(self) -> str:
+        mode = self._replicated_stream_mode
+        if mode is ReplicatedStreamMode.Broadcast:
+            return "InputSettings(ReplicatedStreamMode.Broadcast)"
         return (f"InputSettings(TileSet.{self._tile_set.name}, "
                 f"ExchangeStrategy.{self._exchange_strategy.name})")
 
 
 # InputSettings travel inside the ModelProto (the session only sees the model), as model
-# metadata entries "__input_settings:<tensor id>" -> "<TileSet>,<ExchangeStrategy>".
+# metadata entries "__input_settings:<tensor id>" -> "<TileSet>,<ExchangeStrategy>", with
+# ",Broadcast" appended for ReplicatedStreamMode.Broadcast.
 INPUT_SETTINGS_KEY_PREFIX = "__input_settings:"
 
 
 def encode_input_settings(settings: InputSettings) -> str:
-    return f"{settings.tileSet().name},{settings.exchangeStrategy().name}"
+    text = f"{settings.tileSet().name},{settings.exchangeStrategy().name}"
+    if settings.replicatedStreamMode() is ReplicatedStreamMode.Broadcast:
+        text += ",Broadcast"
+    return text
 
 
 def input_settings_from_model(model) -> dict[str, InputSettings]:
@@ -337,13 +341,18 @@ def input_settings_from_model(model) -> dict[str, InputSettings]:
         if not prop.key.startswith(INPUT_SETTINGS_KEY_PREFIX):
             continue
         tensor_id = prop.key[len(INPUT_SETTINGS_KEY_PREFIX):]
-        tile_set, _, strategy = prop.value.partition(",")
-        if tile_set not in TileSet.__members__ or strategy not in ExchangeStrategy.__members__:
+        tile_set, _, rest = prop.value.partition(",")
+        strategy, _, mode = rest.partition(",")
+        if (tile_set not in TileSet.__members__ or strategy not in ExchangeStrategy.__members__
+                or mode not in ("", "Broadcast")):
             raise popart_exception(
                 f"Model metadata '{prop.key}' = '{prop.value}' is not "
-                f"'<TileSet>,<ExchangeStrategy>' "
+                f"'<TileSet>,<ExchangeStrategy>[,Broadcast]' "
                 f"(TileSet: {list(TileSet.__members__)}, ExchangeStrategy: "
                 f"{list(ExchangeStrategy.__members__)})."
             )
-        result[tensor_id] = InputSettings(TileSet[tile_set], ExchangeStrategy[strategy])
+        settings = InputSettings(TileSet[tile_set], ExchangeStrategy[strategy])
+        if mode:
+            settings._replicated_stream_mode = ReplicatedStreamMode.Broadcast
+        result[tensor_id] = settings
     return result

@@ -120,12 +120,26 @@ class DataLoader(torch.utils.data.DataLoader):
                         f"is {self.combinedBatchSize} = batch_size({batch_size}) × "
                         f"deviceIterations × replicas × gradientAccumulation ({factor}) and "
                         f"drop_last=True. Pass drop_last=False to keep them (the short last "
-                        f"batch then needs its own compile).", UserWarning, stacklevel=2)
-                elif rest:
+                        f"batch then needs its own wrapper).", UserWarning, stacklevel=2)
+                elif rest and mode is DataLoaderMode.Sync:
                     warnings.warn(
                         f"DataLoader: the last batch has {rest} samples instead of "
-                        f"{self.combinedBatchSize}; it fails the combined-batch check unless "
-                        f"padded.", UserWarning, stacklevel=2)
+                        f"{self.combinedBatchSize} (drop_last=False). A compiled wrapper only "
+                        f"takes the batch size it was compiled for, so that batch needs its "
+                        f"own wrapper (or padding); drop_last=True drops it.", UserWarning,
+                        stacklevel=2)
+                elif rest:
+                    # As PopTorch: asynchronous loading with drop_last=False rebatches, which
+                    # yields only whole combined batches.
+                    warnings.warn(
+                        f"DataLoader: {rest} of {total} samples do not fill a combined batch "
+                        f"of {self.combinedBatchSize}; asynchronous loading with "
+                        f"drop_last=False rebatches and leaves them out of the epoch, since "
+                        f"a compiled wrapper only takes whole combined batches.", UserWarning,
+                        stacklevel=2)
+                    if mode is DataLoaderMode.Async:
+                        mode = DataLoaderMode.AsyncRebatched
+                        self._mode = mode
             super().__init__(dataset, batch_size=self.combinedBatchSize, shuffle=shuffle,
                              num_workers=num_workers, drop_last=drop_last,
                              persistent_workers=persistent_workers, **kwargs)
@@ -141,15 +155,20 @@ class DataLoader(torch.utils.data.DataLoader):
                     _log_no_effect("DataLoader(rebatched_worker_size=...)",
                                    "workers load whole combined batches, which yields the same "
                                    "batches; AsyncRebatched runs as Async")
-            self._accessor = AsynchronousDataAccessor(self, **(async_options or {}))
+            accessor_options = dict(async_options or {})
+            if rebatched is not None and self.combinedBatchSize > 1:
+                # Whole combined batches only: a short rest at the end of an epoch is left out.
+                accessor_options.setdefault("rebatched_size", self.combinedBatchSize)
+            self._accessor = AsynchronousDataAccessor(self, **accessor_options)
 
     @property
     def options(self) -> Options:
         return self._options
 
     def __iter__(self):
-        if self._accessor is not None and not getattr(self, "_in_accessor", False):
-            return iter(self._accessor)
+        accessor = self._accessor
+        if accessor is not None and threading.current_thread() is not accessor._thread:
+            return iter(accessor)  # the accessor's worker thread reads the plain loader
         return super().__iter__()
 
     def terminate(self) -> None:

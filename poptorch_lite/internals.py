@@ -1,5 +1,6 @@
 """PopTorch's internal helpers that its package re-exports: ``createPoptorchError``,
-``accessAttributes``, ``getIpuTensorId`` and ``importPoptorchMetadataFromFile``.
+``accessAttributes``, ``getIpuTensorId`` (the backend id of a compiled wrapper's
+parameter or buffer) and ``importPoptorchMetadataFromFile``.
 
 - ``accessAttributes(id)`` reads an attribute dict stored with ``store_attributes`` (the
   backing of op attribute scopes such as ``poptorch.Attribute``): an unknown id raises.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 
 from .errors import PY_ERROR, Error
+from .executor.executor import backend_tensor_id
 
 __all__ = ["accessAttributes", "createPoptorchError", "getIpuTensorId",
            "importPoptorchMetadataFromFile"]
@@ -42,13 +44,12 @@ def accessAttributes(attribute_id_str: str) -> dict:  # noqa: N802
     return dict(_ATTRIBUTES[attribute_id_str])
 
 
-def getIpuTensorId(x) -> int:  # noqa: N802
-    """Refused: poptorch_lite captures ``forward`` whole with torch.export, so no tensor
-    lives on the IPU from Python's side and none has a per-tensor IPU id."""
-    raise Error(f"getIpuTensorId: {type(x).__name__} is a host tensor; poptorch_lite traces "
-                f"forward with torch.export, so tensors never live on the IPU one by one and "
-                f"have no IPU tensor id. Use wrapper.getTensorNames() for the compiled model's "
-                f"tensor ids, and Options.anchorTensor to read one back.")
+def getIpuTensorId(x) -> str:  # noqa: N802
+    """The backend tensor id of a parameter or buffer of a compiled wrapper's model: give the
+    tensor itself or its name in the model (``"fc.weight"``). PopTorch returns its dispatcher's
+    integer id; here the id is the backend's (string) tensor id, the one ``getTensorNames()``
+    lists and ``Options.anchorTensor`` takes. Anything else raises ``Error``."""
+    return backend_tensor_id(x)
 
 
 def set_metadata_reader(reader) -> None:

@@ -23,7 +23,8 @@ Translations for ATen ops torchlib cannot convert, or converts with other number
   slope ``(lower + upper) / 2``; in training a slope drawn per negative element from
   ``U(lower, upper)`` by the device generator (``RandomUniformLike``, seeded like Dropout).
 - ``aten.scatter_reduce.two``: "mean" (torchlib writes a plain scatter), and the gradients of
-  "amin"/"amax", which torch shares evenly between the tied maxima/minima. Those are written
+  "amin"/"amax", which torch shares evenly between the tied maxima/minima, and of "prod"
+  (the product of the other values, zeros included). Those are written
   as ``Detach(result) + (L - Detach(L))`` where ``L`` is linear in ``self`` and ``src`` with
   torch's gradient weights: the forward values are the scatter's, the gradient is L's.
 - ``aten.arange.start_step`` with mixed integer/float arguments (``torch.arange(1, 4.0)``):
@@ -185,7 +186,14 @@ def _scatter_reduce(self, dim: int, index, src, reduce: str, include_self: bool 
         neutral = {"add": 0, "mul": 1, "max": _extreme(self.dtype, False),
                    "min": _extreme(self.dtype, True)}[onnx_reduce]
         base = op.Where(scattered, _fill(neutral, self), self)
-    result = op.ScatterElements(base, index, src, axis=dim, reduction=onnx_reduce)
+    product_gradient = reduce == "prod" and self.dtype in _FLOAT_TYPES
+    if product_gradient:
+        # The product of detached values (the backend has no gradient of a "mul" scatter);
+        # _product_gradient adds the gradient.
+        result = op.ScatterElements(_GC.Detach(base), index, _GC.Detach(src), axis=dim,
+                                    reduction="mul")
+    else:
+        result = op.ScatterElements(base, index, src, axis=dim, reduction=onnx_reduce)
     if reduce == "mean":
         count = hits if not include_self else op.Add(hits, _fill(1, hits))
         count = op.Max(count, _fill(1, count))
@@ -199,6 +207,8 @@ def _scatter_reduce(self, dim: int, index, src, reduce: str, include_self: bool 
     elif reduce in ("amax", "amin") and self.dtype in _FLOAT_TYPES:
         result = _shared_extreme_gradient(self, dim, index, src, result, include_self,
                                           scattered)
+    elif product_gradient:
+        result = _product_gradient(self, dim, index, src, result, include_self, scattered)
     if scalar_self:
         result = op.Reshape(result, op.Constant(value_ints=[]))
     return result
@@ -216,6 +226,38 @@ def _shared_extreme_gradient(self, dim, index, src, result, include_self, scatte
     if not include_self:
         self_weight = op.Where(scattered, _fill(0, self), self_weight)
     src_weight = op.Div(src_is, op.GatherElements(ties, index, axis=dim))
+    linear = op.Add(op.Mul(self, self_weight),
+                    op.ScatterElements(_fill(0, self), index, op.Mul(src, src_weight),
+                                       axis=dim, reduction="add"))
+    return op.Add(fixed, op.Sub(linear, _GC.Detach(linear)))
+
+
+def _product_gradient(self, dim, index, src, result, include_self, scattered):
+    """``result`` with torch's "prod" gradient, zeros included: a value's gradient weight is
+    the product of the other values reduced into its position (self's too with
+    ``include_self``), computed without dividing by a zero."""
+    fixed = result
+    base, source = _GC.Detach(self), _GC.Detach(src)
+    src_zero = op.Equal(source, _fill(0, source))
+    nonzero_src = op.Where(src_zero, _fill(1, source), source)
+    if include_self:
+        self_zero = op.Equal(base, _fill(0, base))
+        zeros_base = op.CastLike(self_zero, base)
+        product_base = op.Where(self_zero, _fill(1, base), base)
+        self_weight = op.ScatterElements(_fill(1, base), index, source, axis=dim,
+                                         reduction="mul")
+    else:
+        zeros_base, product_base = _fill(0, base), _fill(1, base)
+        self_weight = op.Where(scattered, _fill(0, base), _fill(1, base))
+    # Per position: how many of its values are zero, and the product of the non-zero ones.
+    zeros = op.GatherElements(op.ScatterElements(zeros_base, index, op.CastLike(src_zero, base),
+                                                 axis=dim, reduction="add"), index, axis=dim)
+    product = op.GatherElements(op.ScatterElements(product_base, index, nonzero_src, axis=dim,
+                                                   reduction="mul"), index, axis=dim)
+    none = op.Equal(zeros, _fill(0, zeros))
+    one = op.Equal(zeros, _fill(1, zeros))
+    src_weight = op.Where(src_zero, op.Where(one, product, _fill(0, product)),
+                          op.Where(none, op.Div(product, nonzero_src), _fill(0, product)))
     linear = op.Add(op.Mul(self, self_weight),
                     op.ScatterElements(_fill(0, self), index, op.Mul(src, src_weight),
                                        axis=dim, reduction="add"))

@@ -80,6 +80,9 @@ class CycleResult:
     # accumulateOuterFragmentSettings with an Overlap schedule: the IPUs whose outer-fragment
     # ops run in parallel with each other (empty: serial, the default).
     outer_overlap_ipus: frozenset[int] = frozenset()
+    # Execution phases: RemoteLoad transfer cycles hidden behind the compute of the phase they
+    # are prefetched in (an IPU loading the next phase's tensors while another IPU computes).
+    phase_prefetch_cycles: int = 0
 
     def fragment_cycles(self, context: ExecutionContext) -> int:
         """Cycles of one execution of a fragment (ops, IPU-Link copies, remote loads/stores),
@@ -92,7 +95,8 @@ class CycleResult:
     def micro_batch_cycles(self) -> int:
         """One micro-batch of the Normal fragment, with its host input transfer, run serially
         (a pipelined program overlaps micro-batches: see ``pipeline``)."""
-        return self.fragment_cycles(ExecutionContext.Normal) + self.host_input_cycles
+        return (self.fragment_cycles(ExecutionContext.Normal) - self.phase_prefetch_cycles
+                + self.host_input_cycles)
 
     @property
     def outer_cycles(self) -> int:
@@ -238,9 +242,13 @@ def compute_cycles(graph: Graph, order: Sequence[Op], spec: IpuSpec,
                     spec.ipu_sync_latency_cycles,
                     _normal_stage(t.producer),
                 ))
-        result.ops.append(op_cycles(op, compute_spec, position, replicas))
+        plan = planner_plan(op, compute_spec, None, effects.serialized_matmuls,
+                            effects.matmul_proportion, effects.conv_proportion)
+        result.ops.append(op_cycles(op, compute_spec, position, replicas, plan))
     _apply_option_effects(result.ops, order, effects, spec, compute_spec.num_tiles)
     result.remote = _remote_transfers(graph, order, spec, set(off_chip))
+    if pipeline is None:
+        result.phase_prefetch_cycles = phase_prefetch_cycles(order, result.ops, spec)
     if io is None:
         io = HostIO(streams=(
             HostStream("inputs", True, batch.input_bytes_per_micro_batch,
@@ -276,7 +284,8 @@ def _apply_option_effects(ops: list[OpCycles], order: Sequence[Op], effects: Opt
     merged_seen: set[tuple[str, ExecutionContext, int]] = set()
     for i, (op, oc) in enumerate(zip(order, ops)):
         syncs = effects.op_syncs(op)
-        plan = planner_plan(op, spec, compute_tiles, effects.serialized_matmuls)
+        plan = planner_plan(op, spec, compute_tiles, effects.serialized_matmuls,
+                            effects.matmul_proportion, effects.conv_proportion)
         if plan is not None:  # one superstep per planner pass (device/planner.py)
             syncs *= plan.passes
         if syncs > 1:
@@ -319,7 +328,10 @@ def _remote_transfers(graph: Graph, order: Sequence[Op], spec: IpuSpec,
     transfers = []
     for (tid, ipu, context, stage), (readers, writers) in uses.items():
         tensor = graph.tensors[tid]
-        if tensor.kind is TensorKind.VARIABLE:
+        explicit = explicit_transfers(graph, readers, writers)
+        if explicit is not None:  # execution phases: one transfer per RemoteLoad / RemoteStore
+            loads, stores = explicit
+        elif tensor.kind is TensorKind.VARIABLE:
             # Loaded once before the fragment uses it, stored once if the fragment updates it.
             loads, stores = 1, 1 if writers else 0
         else:
@@ -328,3 +340,38 @@ def _remote_transfers(graph: Graph, order: Sequence[Op], spec: IpuSpec,
         transfers.append(RemoteTransfer(tid, ipu, context, tensor.info.num_bytes, loads, stores,
                                         (loads + stores) * cost, stage))
     return transfers
+
+
+def explicit_transfers(graph: Graph, readers: set[int],
+                       writers: set[int]) -> tuple[int, int] | None:
+    """(loads, stores) of an off-chip tensor the IR moves with explicit RemoteLoad /
+    RemoteStore ops (execution phases), None when it has none (the transfers are implied)."""
+    remote = {i for i in readers | writers if graph.ops[i].remote_transfer}
+    if not remote:
+        return None
+    return len((remote & readers) - writers), len(remote & writers)
+
+
+def phase_prefetch_cycles(order: Sequence[Op], ops: Sequence[OpCycles], spec: IpuSpec) -> int:
+    """Cycles of the RemoteLoads that overlap compute: a load scheduled in an execution phase
+    on an IPU that computes nothing in that phase (the Preload IO schedule fetching the next
+    phase's tensors) runs while the phase's IPUs compute. Per phase the hidden part is the
+    smaller of the two; loads on a computing IPU (OnDemand) are not hidden."""
+    compute: dict[int, dict[int, int]] = {}  # phase -> ipu -> op cycles
+    prefetch: dict[int, list[tuple[int, int]]] = {}  # phase -> [(ipu, transfer cycles)]
+    for op, oc in zip(order, ops):
+        phase = op.settings.execution_phase
+        if phase is None or op.settings.execution_context is not ExecutionContext.Normal:
+            continue
+        if op.remote_transfer and not op.modifies_inputs:  # a load
+            prefetch.setdefault(phase, []).append(
+                (oc.ipu, _host_transfer_cycles(op.outputs[0].info.num_bytes, spec)))
+        elif not op.remote_transfer:
+            by_ipu = compute.setdefault(phase, {})
+            by_ipu[oc.ipu] = by_ipu.get(oc.ipu, 0) + oc.cycles
+    hidden = 0
+    for phase, loads in prefetch.items():
+        busy = compute.get(phase, {})
+        idle = sum(c for ipu, c in loads if ipu not in busy)
+        hidden += min(idle, max(busy.values(), default=0))
+    return hidden

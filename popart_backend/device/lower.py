@@ -37,10 +37,13 @@ RANDOM_SEED_ID = "randomSeed___"
 
 @dataclass(frozen=True)
 class InputStream:
-    """A host tensor fed once per micro-batch per replica (``[mb, *S]`` each time)."""
+    """A host tensor fed once per micro-batch per replica (``[mb, *S]`` each time).
+    ``broadcast`` (InputSettings(ReplicatedStreamMode.Broadcast)): the host array has no
+    replica dimension; every replica of a micro-batch reads the same value."""
 
     id: str
     info: TensorInfo
+    broadcast: bool = False
 
 
 @dataclass(frozen=True)

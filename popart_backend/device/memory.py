@@ -34,8 +34,8 @@ so the liveness walk uses ``recompute_late_order``: the schedule with every clon
 as it can go, just before its first reader. The executed schedule is not changed; this is the
 order a memory-aware scheduler would pick, and it never moves a non-clone op.
 
-Planner temporaries (device/planner.py): a matmul or convolution with a per-op available
-memory proportion or serialisation holds its partials buffer at its own position only.
+Planner temporaries (device/planner.py): every matmul or convolution holds its rearranged input
+pieces and partials, bounded by its available memory proportion, at its own position only.
 
 Tile mapping: each tensor is mapped linearly over its tile set in pieces of
 ``ceil(bytes / tiles)`` rounded up to ``tile_grain_bytes`` (the last piece takes the rest),
@@ -66,7 +66,7 @@ from .spec import IpuSpec
 __all__ = [
     "CATEGORIES", "IO_BUFFERS", "PLANNER_TEMPORARIES", "REMOTE_BUFFERS", "IoBuffer",
     "IpuMemory", "MemoryResult", "TensorMemory", "check_fits", "compute_memory", "format_bytes", "memory_summary",
-    "recompute_late_order", "storage_roots",
+    "explicitly_streamed", "recompute_late_order", "storage_roots",
 ]
 
 _ROLE_CATEGORY = {
@@ -319,8 +319,11 @@ def compute_memory(graph: Graph, order: Sequence[Op], spec: IpuSpec,
               str(graph.tensors[tid].info))
         for (tid, ipu), (start, end) in spans.items()
     ]
+    explicit = explicitly_streamed(order, root)
     for (tid, ipu), by_context in remote_uses.items():
         tensor = graph.tensors[tid]
+        if tid in explicit:  # its on-chip copies are the RemoteLoad / RemoteStore tensors
+            continue
         # A variable stays loaded through each fragment that uses it; an activation is stored
         # after it is made and loaded again for each reader.
         if tensor.kind is TensorKind.VARIABLE:
@@ -336,7 +339,8 @@ def compute_memory(graph: Graph, order: Sequence[Op], spec: IpuSpec,
                            f"{stream.depth} x {stream.info}", _IO))
 
     for op in order:  # per-op planning settings (device/planner.py)
-        plan = planner_plan(op, spec, spec.num_tiles - num_io_tiles, effects.serialized_matmuls)
+        plan = planner_plan(op, spec, spec.num_tiles - num_io_tiles, effects.serialized_matmuls,
+                            effects.matmul_proportion, effects.conv_proportion)
         if plan is not None and plan.temporary_bytes:
             pos = position[op.id]
             items.append(_Span(f"{op.settings.name or op.id}:planner", _ipu(op), pos, pos,
@@ -451,6 +455,25 @@ def _storage_roots(order: Sequence[Op]) -> dict[str, str]:
                     root[out.id] = root.get(source.id, source.id)
                     break
     return root
+
+
+def explicitly_streamed(order: Sequence[Op], root: dict[str, str]) -> set[str]:
+    """Storage roots that only RemoteLoad / RemoteStore ops touch (besides an input-less op
+    making the buffer): execution phases stream them explicitly, so the on-chip copies are
+    tensors of their own and the root takes no transient SRAM."""
+    only_remote: dict[str, bool] = {}
+    remote: set[str] = set()
+    for op in order:
+        for t in (*op.outputs, *op.inputs):
+            if t is None:
+                continue
+            base = root.get(t.id, t.id)
+            makes_buffer = not op.inputs and any(o is t for o in op.outputs)
+            only_remote[base] = only_remote.get(base, True) and (
+                op.remote_transfer or makes_buffer)
+            if op.remote_transfer:
+                remote.add(base)
+    return {b for b, ok in only_remote.items() if ok and b in remote}
 
 
 def storage_roots(order: Sequence[Op]) -> dict[str, str]:

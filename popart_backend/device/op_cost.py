@@ -5,16 +5,16 @@ BSP superstep on its IPU (``OpSettings.ipu``; None is IPU 0):
     exchange = exchanged bytes / exchange bandwidth · clock
     cycles   = compute + exchange + sync latency
 
-with FLOPs and bytes from ``Op.cost()``. ``rate`` is the AMP peak for the op's dtype times
-``amp_efficiency`` for ops with ``uses_amp`` (MatMul, Gemm, Conv, the fused LinearBias and
-ConvBiasAct ...), else the vector units' rate; the ``epilogue_flops()`` of an AMP op (a fused
-bias add, residual add or activation) run at the vector rate, after the product. Both rates,
-and the SRAM bandwidth, are scaled by the share of tiles the op has work on (the tiles of its
-largest operand under the linear mapping of device/memory.py). Exchanged bytes:
-the computed (non-variable, non-constant) inputs of an AMP op, which are broadcast to the tiles
-computing partial products, and of other ops each computed input whose size differs from the
-output's (elementwise ops read inputs mapped like their output). Variables and constants are
-laid out at compile time for the op that reads them, so they are not exchanged.
+with FLOPs and bytes from ``Op.cost()``. An op with ``uses_amp`` (MatMul, Gemm, Conv, the fused
+LinearBias and ConvBiasAct ...) follows its AMP plan (device/planner.py): the compute and
+exchange cycles of the busiest tile of the grid the planner picks for the op's shapes and
+available memory proportion; the ``epilogue_flops()`` of such an op (a fused bias add, residual
+add or activation) run at the vector rate, after the product. Other ops run at the vector
+units' rate. The vector rate and the SRAM bandwidth are scaled by the share of tiles the op has
+work on (the tiles of its largest operand under the linear mapping of device/memory.py).
+Exchanged bytes of a non-AMP op: each computed input whose size differs from the output's
+(elementwise ops read inputs mapped like their output). Variables and constants are laid out
+at compile time for the op that reads them, so they are not exchanged.
 
 A cross-replica collective (``ReplicatedAllReduce`` and the sharding collectives) also crosses
 the IPU-Links as a ring (``collective_cycles``): an all-reduce over a group of k replicas moves
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from ..ir.op import ExecutionContext, Op
 from ..ir.tensor import TensorKind
+from .planner import PlannerPlan, planner_plan
 from .spec import IpuSpec
 
 # Tensors whose tile layout is chosen at compile time for the op reading them.
@@ -95,9 +96,11 @@ def collective_cycles(op: Op, spec: IpuSpec, replicas: int) -> int:
         spec.ipu_sync_latency_cycles)
 
 
-def op_cycles(op: Op, spec: IpuSpec, position: int = 0, replicas: int = 1) -> OpCycles:
+def op_cycles(op: Op, spec: IpuSpec, position: int = 0, replicas: int = 1,
+              plan: PlannerPlan | None = None) -> OpCycles:
     """The cycles of one execution of ``op`` on an IPU of ``spec``, in a program of
-    ``replicas`` replicas (collectives cross the IPU-Links between them)."""
+    ``replicas`` replicas (collectives cross the IPU-Links between them). ``plan``: the AMP
+    plan of an op with ``uses_amp`` (default: planned here with the default proportion)."""
     flops, moved = op.cost()
     ins = [t.info for t in op.inputs if t is not None]
     outs = [t.info for t in op.outputs if t is not None]
@@ -107,18 +110,23 @@ def op_cycles(op: Op, spec: IpuSpec, position: int = 0, replicas: int = 1) -> Op
     info = outs[0] if outs else (ins[0] if ins else None)
     dtype = info.dtype.short if info is not None else "f32"
     vector_rate = spec.vector_flops(dtype) * share
-    if op.uses_amp:
-        # A fused matmul/conv: its product on the AMP, its epilogue on the vector units.
-        epilogue = op.epilogue_flops()
-        flop_s = ((flops - epilogue) / (spec.peak_flops(dtype) * spec.amp_efficiency * share)
-                  + epilogue / vector_rate)
-    else:
-        flop_s = flops / vector_rate
-    compute_s = max(flop_s, moved / (spec.sram_bytes_per_s * share))
     out_bytes = outs[0].num_bytes if outs else 0
-    exchange = sum(t.info.num_bytes for t in op.inputs
-                   if t is not None and t.kind not in _LAID_OUT
-                   and (op.uses_amp or t.info.num_bytes != out_bytes))
+    if op.uses_amp and plan is None:
+        plan = planner_plan(op, spec)
+    if op.uses_amp and plan is not None:
+        # The product on the AMP as planned, its epilogue on the vector units.
+        compute_s = (max(plan.compute_cycles / spec.clock_hz,
+                         moved / (spec.sram_bytes_per_s * share))
+                     + op.epilogue_flops() / vector_rate)
+        exchange_s = plan.exchange_cycles / spec.clock_hz
+        exchange = plan.exchange_bytes
+        tiles = plan.tiles_used
+    else:
+        compute_s = max(flops / vector_rate, moved / (spec.sram_bytes_per_s * share))
+        exchange = sum(t.info.num_bytes for t in op.inputs
+                       if t is not None and t.kind not in _LAID_OUT
+                       and t.info.num_bytes != out_bytes)
+        exchange_s = exchange / spec.exchange_bytes_per_s
     return OpCycles(
         position=position,
         op_id=op.id,
@@ -131,7 +139,7 @@ def op_cycles(op: Op, spec: IpuSpec, position: int = 0, replicas: int = 1) -> Op
         exchange_bytes=int(exchange),
         tiles_used=tiles,
         compute_cycles=_seconds_to_cycles(compute_s, spec),
-        exchange_cycles=_seconds_to_cycles(exchange / spec.exchange_bytes_per_s, spec),
+        exchange_cycles=_seconds_to_cycles(exchange_s, spec),
         sync_cycles=spec.sync_latency_cycles,
         collective_cycles=collective_cycles(op, spec, replicas),
         stage=(op.settings.pipeline_stage

@@ -89,6 +89,10 @@ class OptionModel:
     # scheduleNonWeightUpdateGradientConsumersEarly: ops the liveness walk runs right after
     # their inputs (``early_op_order``).
     early_ops: frozenset[int] = frozenset()
+    # matmulOptions / convolutionOptions["availableMemoryProportion"]: the planner's budget of
+    # the AMP ops without a proportion of their own (device/planner.py; None: Poplar's 0.6).
+    matmul_proportion: float | None = None
+    conv_proportion: float | None = None
 
     def merged_follower(self, op: Op) -> bool:
         """An update merged into an earlier one of its group: it pays no sync of its own."""
@@ -133,7 +137,15 @@ def option_model(ir: Ir, order: Sequence[Op], options, keep: Iterable[str] = ())
         outer_overlap_ipus=_outer_overlap(order, options),
         early_ops=(_gradient_consumers(order)
                    if options.scheduleNonWeightUpdateGradientConsumersEarly else frozenset()),
+        matmul_proportion=_proportion(options.matmulOptions),
+        conv_proportion=_proportion(options.convolutionOptions),
     )
+
+
+def _proportion(planning: dict[str, str]) -> float | None:
+    """The ``availableMemoryProportion`` of a planning dict (checked by options/planning.py)."""
+    value = planning.get("availableMemoryProportion")
+    return None if value is None else float(value)
 
 
 def _gradient_consumers(order: Sequence[Op]) -> frozenset[int]:

@@ -23,6 +23,7 @@ input of every replica and writes each one's output (``execute_replicas``).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Iterable
 
 import numpy as np
@@ -35,7 +36,10 @@ from ..ir.op import ExecutionContext, Op
 from ..ir.tensor import TensorKind
 from ..ops.base import wrap_unsigned_outputs
 from ..ops.control_flow import use_body_compiler
+from ..ops.state_journal import JournaledWrites, StateJournal
+from ..ops.rounding import generic_rounding, stochastically_rounded
 from ..ops.string_tensors import kernel_for
+from .fp_position import current_position
 
 
 def to_torch(array: np.ndarray) -> torch.Tensor | np.ndarray:
@@ -112,11 +116,30 @@ class ExecutionPlan:
             if s in produced:
                 frees.setdefault(position, []).append(s)
 
+        # The run journal (ops/state_journal.py): in-place writes of state (variables, kept
+        # tensors) are recorded at their first write in a run, so a failed run can be undone.
+        self.journal = StateJournal()
+        state = {self.slot[t] for t in self.variable_ids} | {self.slot[t] for t in keep}
+        self.inplace_slots: set[int] = set()  # state slots some step writes in place
+        self.produced_slots = produced
+        self.pinned_slots = _viewed_state(raw_steps, state)
         self.steps = []
         self.fragments: dict[ExecutionContext, list[tuple]] = {c: [] for c in ExecutionContext}
         for position, (op, ins, outs) in enumerate(raw_steps):
             single = len(outs) == 1
-            kernel = wrap_unsigned_outputs(op, kernel_for(op))
+            written = tuple(i for i in op.modifies_inputs if i < len(ins) and ins[i] in state)
+            self.inplace_slots.update(ins[i] for i in written)
+            base = kernel_for(op)
+            # An op writing its state itself, when all it writes is state and its kernel sees
+            # the state tensors (not float32 copies of them, as with generic rounding).
+            journaled = (isinstance(op, JournaledWrites) and not generic_rounding(op)
+                         and written == tuple(i for i in op.modifies_inputs
+                                              if i < len(ins) and ins[i] >= 0))
+            if journaled:
+                base = partial(op.journaled_kernel, self.journal)
+            kernel = stochastically_rounded(op, wrap_unsigned_outputs(op, base))
+            if written and not journaled:
+                kernel = _journal_saved(self.journal, kernel, written)
             checks = op.settings.checks
             if checks.floating_point:
                 kernel = floating_point_checked(op, kernel)
@@ -310,6 +333,8 @@ def floating_point_checked(op: Op, kernel):
     single = len(op.outputs) == 1
 
     def run(*xs):
+        position = current_position()  # which run() call / micro-batch (device/fp_position.py)
+        index = position.count(op) if position is not None else -1
         result = kernel(*xs)
         outs = (result,) if single else result
         for i in float_outputs:
@@ -319,11 +344,13 @@ def floating_point_checked(op: Op, kernel):
             if all(xs[j] is None or bool(torch.isfinite(xs[j]).all()) for j in float_inputs):
                 nans = int(torch.isnan(value).sum())
                 infs = int(torch.isinf(value).sum())
+                when = f" {position.describe(op, index)}" if position is not None else ""
                 raise popart_runtime_error(
-                    f"{op.debug_name}: floating-point exception: output '{op.outputs[i].id}' "
-                    f"{op.outputs[i].info} holds {nans} NaN and {infs} inf value(s) computed from "
-                    f"finite inputs (SessionOptions.enableFloatingPointChecks). Check the op's "
-                    f"inputs for overflow, division by zero or an invalid operation."
+                    f"{op.debug_name}: floating-point exception{when}: output "
+                    f"'{op.outputs[i].id}' {op.outputs[i].info} holds {nans} NaN and {infs} inf "
+                    f"value(s) computed from finite inputs (SessionOptions."
+                    f"enableFloatingPointChecks). Check the op's inputs for overflow, division "
+                    f"by zero or an invalid operation."
                 )
         return result
 
@@ -413,27 +440,35 @@ def alias_checked(op: Op, kernel):
 
 
 class StateSnapshot:
-    """Device state of some slots on every local replica, saved before a run and put back
-    when the run fails, so a failed ``run()`` changes nothing (docs/security.md).
+    """Device state of some slots on every local replica, kept from the start of a run and put
+    back when the run fails, so a failed ``run()`` changes nothing (docs/security.md).
 
-    ``save()`` copies the slots' tensors into buffers allocated on the first save (again only
-    when a slot's tensor changes shape or dtype, e.g. after a weight write), with one
-    ``torch._foreach_copy_``: no allocation per run in steady state. ``restore()`` rebinds the
-    slots to the tensors they held and copies the saved values back into them."""
+    Nothing is copied up front for state the steps write in place: the plan's run journal
+    (ops/state_journal.py) keeps each such tensor's start value at its first write (optimizer
+    updates and accumulators write out of place into a ping-pong buffer and swap, with no
+    copy). ``save()`` opens the journal and remembers which tensor each slot holds (steps that
+    write a slot as an output rebind it, leaving the old tensor alone); the few slots written
+    in place outside the steps (the random seed, by the run loop) are copied, with one
+    ``torch._foreach_copy_`` into buffers kept across runs. ``restore()`` undoes the journal,
+    rebinds the slots and copies those buffers back; ``commit()`` ends a successful run."""
 
-    __slots__ = ("_plan", "_slots", "_live", "_buffers", "_refs")
+    __slots__ = ("_plan", "_slots", "_copied", "_live", "_buffers", "_refs")
 
     def __init__(self, plan: ExecutionPlan, slots: list[int]):
         self._plan, self._slots = plan, slots
+        skip = plan.inplace_slots | plan.produced_slots
+        self._copied = [s for s in slots if s not in skip]
         self._live: list[torch.Tensor] = []
         self._buffers: list[torch.Tensor] = []
         self._refs: list[list] = []
 
     def save(self) -> None:
-        slots = self._slots
-        refs = [[values[s] for s in slots] for values in self._plan.replica_values]
-        live = [v for replica in refs for v in replica
-                if isinstance(v, torch.Tensor) and v.numel()]
+        plan = self._plan
+        replicas = plan.replica_values
+        self._refs = [[values[s] for s in self._slots] for values in replicas]
+        plan.journal.begin([values[s] for values in replicas for s in plan.pinned_slots])
+        live = [values[s] for values in replicas for s in self._copied]
+        live = [v for v in live if isinstance(v, torch.Tensor) and v.numel()]
         buffers = self._buffers
         if len(buffers) != len(live) or any(
                 b.shape != v.shape or b.dtype != v.dtype for b, v in zip(buffers, live)):
@@ -441,12 +476,48 @@ class StateSnapshot:
                 buffers = self._buffers = [torch.empty_like(v) for v in live]
         if live:
             torch._foreach_copy_(buffers, live)
-        self._refs, self._live = refs, live
+        self._live = live
+
+    def commit(self) -> None:
+        self._plan.journal.commit()
 
     def restore(self) -> None:
         with torch.no_grad():
+            self._plan.journal.rollback()
             for values, refs in zip(self._plan.replica_values, self._refs):
                 for s, value in zip(self._slots, refs):
                     values[s] = value
             if self._live:
                 torch._foreach_copy_(self._live, self._buffers)
+
+
+def _journal_saved(journal: StateJournal, kernel, indices: tuple[int, ...]):
+    """``kernel`` preceded by saving, in an open run journal, the state inputs it writes."""
+
+    def run(*xs):
+        if journal.is_open:
+            for i in indices:
+                journal.save(xs[i])
+        return kernel(*xs)
+
+    return run
+
+
+def _viewed_state(raw_steps, state: set[int]) -> set[int]:
+    """State slots a view may be taken of (an ``aliases_inputs`` op reads the slot, or a slot
+    holding the same tensor, such as an in-place op's output): the journal keeps their storage
+    (copy, no swap), so the views stay views."""
+    root: dict[int, set[int]] = {s: {s} for s in state}
+    viewed: set[int] = set()
+    for op, ins, outs in raw_steps:
+        if op.aliases_inputs:
+            for s in ins:
+                viewed |= root.get(s, set())
+        sources = ins if op.aliases_inputs else [ins[i] for i in op.modifies_inputs
+                                                   if i < len(ins)]
+        roots = set().union(*(root.get(s, set()) for s in sources)) if sources else set()
+        if roots:
+            for s in outs:
+                if s >= 0:
+                    root[s] = root.get(s, set()) | roots
+    return viewed

@@ -1,8 +1,10 @@
 """The simulated device: executes a ``Program`` with host step IO.
 
-Built once at ``prepareDevice()``: the execution plan (DESIGN decision 9) and, per micro-batch
-of a run, the list of anchor writes it performs, so ``run()`` is a loop over micro-batches that
-binds input chunks to slots, executes the plan and copies anchor values into host arrays.
+Created at ``prepareDevice()`` without storage; built once, at the first ``weightsFromHost``
+or run (never on an offline device): the execution plan (DESIGN decision 9) with every
+replica's variables and, per micro-batch of a run, the list of anchor writes it performs, so
+``run()`` is a loop over micro-batches that binds input chunks to slots, executes the plan and
+copies anchor values into host arrays.
 
 Micro-batch ``k = (b·af + a)·rf + r`` runs batch b, accumulation step a on local replica r; it
 reads chunk k of every input array. Replicas are real (DESIGN decision 6): each has
@@ -32,21 +34,19 @@ import logging
 import numpy as np
 import torch
 
-from ..dataflow import AnchorReturnTypeId, PyStepIO, PyStepIOCallback, anchor_fetch_index
+from ..dataflow import AnchorReturnTypeId, PyStepIO, PyStepIOCallback
 from .. import progress
 from ..dtypes import DataType, to_host, to_storage
 from ..errors import StepIOError, popart_exception, popart_internal_exception
+from .run_tables import ACC_ADD, ACC_FLUSH, ACC_SET, COPY, anchor_actions
 from .distributed import LocalReplicas, ReplicaComm
 from .lower import AnchorStream, InputStream, Program
 from .plan import DeviceMode, ExecutionPlan, StateSnapshot, to_torch
 
 _log = logging.getLogger("popart:devicex")
 
-# Anchor write kinds, per micro-batch.
-_COPY = 0  # copy the value into the host chunk
-_ACC_SET = 1  # first micro-batch of a Sum: start the accumulator
-_ACC_ADD = 2  # add to the accumulator
-_ACC_FLUSH = 3  # add, then copy the accumulator into the host chunk
+# Anchor write kinds, per micro-batch (run_tables.py).
+_COPY, _ACC_SET, _ACC_ADD, _ACC_FLUSH = COPY, ACC_SET, ACC_ADD, ACC_FLUSH
 
 
 class SimulatedDevice:
@@ -61,9 +61,6 @@ class SimulatedDevice:
                  comm: ReplicaComm | None = None):
         self.program = program
         self.synthetic = synthetic
-        self.plan = ExecutionPlan(program.graph,
-                                  keep=[a.id for a in program.anchors] + list(program.persistent),
-                                  order=program.schedule, num_stages=program.num_stages)
         rf = program.replication_factor
         self.comm = comm if comm is not None else LocalReplicas(rf)
         if self.comm.local != rf:
@@ -71,71 +68,75 @@ class SimulatedDevice:
                 f"SimulatedDevice: the program has {rf} local replicas, its ReplicaComm "
                 f"{self.comm.local}."
             )
-        # Each local replica holds its own variables (DESIGN decision 6); a sharded variable
-        # (replicated tensor sharding, transforms/rts.py) only its replica's shard.
-        self.plan.add_replicas(rf)
         self._sharded = program.graph.ir.sharded_variables if program.graph.ir else {}
-        with torch.no_grad():
-            for tensor_id, sharding in self._sharded.items():
-                self._write_shards(tensor_id, sharding, self.plan.get_value(tensor_id))
-        self._input_slots = [self.plan.slot[i.id] for i in program.inputs]
         # Ops that need facts about the device running them (custom ops: replica count).
         for op in program.schedule:
             op.bind_program(program)
         self._generator = torch.Generator()
         self._generator.manual_seed(seed)
-        self._zero_inputs = [_zeros(i.info) for i in program.inputs]
-        self._actions, self._accumulators = self._anchor_actions()
-        window = program.accumulation_factor * program.replication_factor
-        self._outer_steps = self.plan.outer_steps if program.has_outer_fragment else None
-        # Micro-batch k ends an accumulation window (then the outer fragment runs).
-        self._window_end = [k % window == window - 1
-                            for k in range(program.micro_batches_per_run)]
-        seed_slot = (self.plan.slot[program.random_seed_id]
-                     if program.random_seed_id is not None else None)
-        self._seeds = ([values[seed_slot] for values in self.plan.replica_values]
-                       if seed_slot is not None else None)
         # The RNG state (see rng_state): micro-batch k of the next run on local replica r
         # draws with seed _replica_seeds[r] and counter _micro_batch_counter + k + offset r.
         self._micro_batch_counter = 0
         self._replica_seeds = [seed] * rf
         self._counter_offsets = [0] * rf
+        # No tensor storage yet: the plan, every replica's variables and the run tables are
+        # built by _allocate() on the first use of one of _STORAGE (weightsFromHost, run).
+        self._allocated = False
         self.set_seed(seed)
-        self._state = StateSnapshot(self.plan, self.plan.written_state_slots(
-            [*program.persistent, *([program.random_seed_id] if program.random_seed_id else [])]))
         self._execute = self._execute_replicas  # run() swaps in a counting one for bars
 
-    # --- compile-time tables ------------------------------------------------------------------
+    # The attributes that hold (or index) device storage, built by _allocate() when first read.
+    _STORAGE = frozenset({"plan", "_input_slots", "_zero_inputs", "_actions", "_accumulators",
+                          "_outer_steps", "_window_end", "_seeds", "_state"})
 
-    def _anchor_actions(self):
-        """Per micro-batch k: tuple of (kind, source slot, anchor index, host chunk index)."""
-        p = self.program
-        bps, af, rf = p.batches_per_step, p.accumulation_factor, p.replication_factor
-        per_replica = bps * af
-        actions: list[list[tuple]] = [[] for _ in range(p.micro_batches_per_run)]
-        accumulators: list[list[torch.Tensor] | None] = []
-        for index, anchor in enumerate(p.anchors):
-            source = self.plan.slot[anchor.id]
-            is_sum = anchor.art.id() is AnchorReturnTypeId.Sum
-            accumulators.append(
-                [torch.zeros(anchor.info.shape, dtype=anchor.info.dtype.torch) for _ in range(rf)]
-                if is_sum and per_replica > 1 else None
-            )
-            for b in range(bps):
-                for a in range(af):
-                    for r in range(rf):
-                        k = (b * af + a) * rf + r
-                        j = anchor_fetch_index(anchor.art, b, a, r, bps, af, rf)
-                        if j is None:
-                            continue
-                        if is_sum and per_replica > 1:
-                            step = b * af + a
-                            kind = (_ACC_SET if step == 0
-                                    else _ACC_FLUSH if step == per_replica - 1 else _ACC_ADD)
-                        else:
-                            kind = _COPY
-                        actions[k].append((kind, source, index, j))
-        return [tuple(a) for a in actions], accumulators
+    def __getattr__(self, name: str):
+        # Only called for attributes not set yet: the storage ones before _allocate().
+        if name in SimulatedDevice._STORAGE and self.__dict__.get("_allocated") is False:
+            self._allocate()
+            return getattr(self, name)
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    @property
+    def allocated(self) -> bool:
+        """Whether the device holds tensor storage (variables, constants, run buffers)."""
+        return self._allocated
+
+    def _allocate(self) -> None:
+        """Build the execution plan with each local replica's variables (DESIGN decision 6; a
+        sharded variable, transforms/rts.py, only its replica's shard) and the run tables."""
+        program = self.program
+        rf = program.replication_factor
+        self._allocated = True  # set first: the reads below must not come back here
+        try:
+            self.plan = ExecutionPlan(
+                program.graph, keep=[a.id for a in program.anchors] + list(program.persistent),
+                order=program.schedule, num_stages=program.num_stages)
+            self.plan.add_replicas(rf)
+            with torch.no_grad():
+                for tensor_id, sharding in self._sharded.items():
+                    self._write_shards(tensor_id, sharding, self.plan.get_value(tensor_id))
+            self._input_slots = [self.plan.slot[i.id] for i in program.inputs]
+            self._zero_inputs = [_zeros(i.info) for i in program.inputs]
+            self._actions, self._accumulators = anchor_actions(program, self.plan.slot)
+            window = program.accumulation_factor * rf
+            self._outer_steps = self.plan.outer_steps if program.has_outer_fragment else None
+            # Micro-batch k ends an accumulation window (then the outer fragment runs).
+            self._window_end = [k % window == window - 1
+                                for k in range(program.micro_batches_per_run)]
+            seed_slot = (self.plan.slot[program.random_seed_id]
+                         if program.random_seed_id is not None else None)
+            self._seeds = ([values[seed_slot] for values in self.plan.replica_values]
+                           if seed_slot is not None else None)
+            for seed_tensor, seed in zip(self._seeds or (), self._replica_seeds):
+                seed_tensor[0] = seed
+            self._state = StateSnapshot(self.plan, self.plan.written_state_slots(
+                [*program.persistent,
+                 *([program.random_seed_id] if program.random_seed_id else [])]))
+        except BaseException:
+            for name in SimulatedDevice._STORAGE:
+                self.__dict__.pop(name, None)
+            self._allocated = False
+            raise
 
     # --- weights ------------------------------------------------------------------------------
 
@@ -184,7 +185,7 @@ class SimulatedDevice:
         self._micro_batch_counter = 0
         self._replica_seeds = [seed] * len(self._replica_seeds)
         self._counter_offsets = [0] * len(self._counter_offsets)
-        for seed_tensor in self._seeds or ():
+        for seed_tensor in (self._seeds or ()) if self._allocated else ():
             seed_tensor[0] = seed
 
     def rng_state(self) -> list[int]:
@@ -213,7 +214,8 @@ class SimulatedDevice:
         self._micro_batch_counter = counter
         self._replica_seeds = [state[2 * r] for r in range(replicas)]
         self._counter_offsets = [state[2 * r + 1] - counter - r for r in range(replicas)]
-        for seed_tensor, seed in zip(self._seeds or (), self._replica_seeds):
+        for seed_tensor, seed in zip((self._seeds or ()) if self._allocated else (),
+                                     self._replica_seeds):
             seed_tensor[0] = seed
 
     # --- running ------------------------------------------------------------------------------
@@ -233,6 +235,7 @@ class SimulatedDevice:
             if generator is not None:
                 self._generator.set_state(generator)
             raise
+        self._state.commit()
 
     def _run(self, stepio) -> None:
         if self.program.micro_batches_per_run < 2:
@@ -306,6 +309,11 @@ class SimulatedDevice:
             if feeds is None:
                 feeds, in_offsets = _bind_inputs(p, stepio)
             destinations, out_offsets = _bind_outputs(p, stepio)
+        elif feeds is None and p.replication_factor > 1 and any(s.broadcast for s in p.inputs):
+            raise StepIOError(
+                f"Inputs {[s.id for s in p.inputs if s.broadcast]} are broadcast to every "
+                f"replica (ReplicatedStreamMode.Broadcast), which a PyStepIOCallback cannot "
+                f"feed here: its callbacks give one value per replica. Use a PyStepIO.")
         return feeds, destinations, (in_offsets, out_offsets)
 
     @staticmethod
@@ -491,15 +499,20 @@ def _bind_inputs(p: Program, stepio: PyStepIO):
         array = stepio.inputs[stream.id]
         _check_array("inputs", stream.id, array, stream.info)
         nelms = stream.info.nelms
-        expected = nelms * total
+        # A broadcast input holds one value per micro-batch for all replicas together.
+        rf = p.replication_factor if stream.broadcast else 1
+        expected = nelms * total // rf
         if stepio.runtime_asserts and array.size != expected:
             raise StepIOError(
                 f"Unexpected number of input elements for Tensor {stream.id}. Expected "
                 f"{expected}, but received {array.size}.\n" + _hint_lines(p, nelms)
+                + ("\n  broadcast to every replica: yes" if stream.broadcast else "")
             )
         chunks, offsets[stream.id] = _chunks(
-            "inputs", stream.id, array, stream.info, total,
+            "inputs", stream.id, array, stream.info, total // rf,
             stepio.input_offsets.get(stream.id, 0), writable=False)
+        if rf > 1:  # micro-batch k of the run is replica k % rf of host chunk k // rf
+            chunks = [chunk for chunk in chunks for _ in range(rf)]
         feeds.append(chunks)
     return feeds, offsets
 

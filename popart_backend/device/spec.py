@@ -44,7 +44,10 @@ class IpuSpec:
     # FLOP/s of the vector units (ops that do not use the AMP units), whole IPU.
     vector_flops_f32: float
     vector_flops_f16: float
-    amp_efficiency: float  # fraction of the AMP peak a well-shaped MatMul/Conv reaches
+    # fraction of the AMP peak the inner loop sustains on a tile's well-shaped piece of a
+    # matmul/conv (device/planner.py adds shape, tile-split, exchange and setup losses)
+    amp_efficiency: float
+    amp_setup_cycles: int  # per AMP vertex pass on a tile: launch and AMP pipeline fill
     tile_grain_bytes: int  # smallest piece of a tensor the linear tile mapping puts on one tile
     tile_code_base_bytes: int  # per tile: runtime, control program and exchange code
     vertex_bytes_per_op_tile: int  # per tile, per op with work there: vertex state and code
@@ -105,17 +108,27 @@ class IpuSpec:
 _ON_CHIP_SYNC_CYCLES = 150
 _IPU_SYNC_CYCLES = 1500
 
-# Model facts no datasheet gives; all estimates, shared by every IPU version (device/memory.py
-# and device/cost.py explain how they are used):
+# Model facts no datasheet gives; all estimates, shared by every IPU version (device/memory.py,
+# device/planner.py and device/cost.py explain how they are used):
 # - vector units: 64-bit SIMD per tile, so 2 f32 or 4 f16 lanes; a multiply-add counts 2 FLOPs,
 #   giving 4 (f32) or 8 (f16) FLOPs per tile per cycle (``_vector_flops``).
-# - AMP efficiency: large matrix products reach about half the AMP peak in published
-#   benchmarks (data rearrangement, partial sums and exchange take the rest).
+# - AMP efficiency: the fraction of the AMP peak one tile's inner loop sustains on a piece whose
+#   dimensions fill the AMP groups; the planner adds the losses of shape, tile split, exchange
+#   and setup on top. Calibrated with the setup cycles on the two anchors of
+#   docs/device_model.md (BERT-Large pretraining on a Bow Pod16, ResNet-50 training on a Mk2
+#   IPU-POD16): 0.75 put them at 1.04x / 1.21x of the published throughput, 0.65 at
+#   0.96x / 1.13x. A 2048^3 float16 matmul then runs at about 41 % of the AMP peak.
+# - AMP setup: cycles per vertex pass on a tile (launch, worker start, AMP pipeline fill); an
+#   estimate of the order of a vertex launch, held at 100 while the AMP efficiency was
+#   calibrated.
 # - tile grain: 64 bytes keeps each tile's piece aligned for the 64-bit loads and exchange.
-# - code: a fixed 8 KiB per tile for the runtime, control program and exchange code, plus
-#   128 bytes per op on each tile where it has work (vertex state, its share of the codelets).
+# - code: a fixed 8 KiB per tile for the runtime, control program and exchange code, plus 128
+#   bytes per op on each tile where it has work (vertex state, its share of the codelets and the
+#   exchange descriptors). Estimates, checked (not fitted) on the BERT-Large anchor: one IPU
+#   at micro-batch 8 with its optimizer state is refused by a wide margin either way.
 _MODEL_FACTS = dict(
-    amp_efficiency=0.5,
+    amp_efficiency=0.65,
+    amp_setup_cycles=100,
     tile_grain_bytes=64,
     tile_code_base_bytes=8 * KIB,
     vertex_bytes_per_op_tile=128,

@@ -25,6 +25,7 @@ READ_HERE = frozenset({
     "__recompute_output_in_backward_pass", "__schedule_priority", "__source",
     "__collectiveCommGroup", "__partials_type", "__available_memory",
     "__serialize_matmul_mode", "__serialize_matmul_factor", "__serialize_matmul_precision",
+    "__exclude_patterns",
 })
 # Read from the proto by another pass, or bookkeeping of the builder / frontend.
 KNOWN_ELSEWHERE = frozenset({

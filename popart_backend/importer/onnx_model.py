@@ -36,6 +36,7 @@ from ..ir.tensor import TensorInfo, TensorKind, TensorRole
 from ..limits import ENV_VAR, check_bytes
 from ..ops.control_flow import Body, Loop, SubgraphOp
 from ..ops.fused import FUSED_DOMAIN
+from ..options.patterns import excluded_pattern_names
 from ..ops.registry import (
     AI_ONNX,
     const_input_positions,
@@ -160,6 +161,8 @@ def node_settings(node: onnx.NodeProto, annotations: dict) -> OpSettings:
         schedule_priority=float(annotations.get("__schedule_priority", 0.0)),
         source=str(annotations.get("__source", "")),
         comm_group=_comm_group(annotations.get("__collectiveCommGroup")),
+        excluded_patterns=excluded_pattern_names(annotations.get("__exclude_patterns", ()),
+                                                 _node_where(node)),
         **planning_settings(annotations, _node_where(node)),
     )
 
@@ -210,12 +213,13 @@ def import_model(
     constant_weights: bool = False,
     strict_op_versions: bool = True,
     fold_multiple_consumers: bool = True,
+    replicas: int | None = None,
 ) -> Ir:
     """Build the forward Ir of ``model``.
 
     ``fold_multiple_consumers`` False (SessionOptions.enableConstantFoldingOfMultipleConsumers):
     constant expressions reading a tensor with several readers stay unfolded
-    (importer/fold_policy.py).
+    (importer/fold_policy.py). ``replicas``: the session's global replication factor.
 
     Float initializers read as data become VARIABLE tensors (CONST when ``constant_weights``:
     inference sessions with SessionOptions.constantWeights); other initializers are CONST.
@@ -227,6 +231,7 @@ def import_model(
     opsets = {normalize_domain(o.domain): o.version for o in proto.opset_import}
     opsets.setdefault(AI_ONNX, 1 if not proto.opset_import else opsets.get(AI_ONNX, 1))
     ir = Ir(opsets)
+    ir.replicas = replicas  # the span of CommGroup All collectives (ops/collectives.py)
     graph = ir.main
     shape_info = dict(input_shape_info or {})
 

@@ -54,6 +54,10 @@ class Ir:
         self.opsets: dict[str, int] = dict(opsets or {})
         self.graphs: dict[str, Graph] = {}
         self.main = self.create_graph(self.MAIN)
+        # The session's replicas over all instances (global replication factor), which a
+        # collective over CommGroup All spans; None when no session builds the Ir (the
+        # Builder's own shape inference). Set by the importer.
+        self.replicas: int | None = None
         # Filled by the session: tensor ids the host reads back after a run.
         self.anchors: list[str] = []
         # Training issue: id of the final loss tensor, if any.

@@ -112,6 +112,9 @@ class OpSettings:
     # The memory model's liveness order runs the op right after its inputs are made (the Adds
     # of a decomposed gradient sum, decomposeGradSum); the executed schedule is unchanged.
     early_in_liveness: bool = False
+    # The builder's excludePatterns (``__exclude_patterns``): the pattern names that may not
+    # rewrite this op (transforms/apply_patterns.py, transforms/inplace.py).
+    excluded_patterns: frozenset[str] = frozenset()
     checks: DebugChecks = DebugChecks()
 
 
@@ -165,6 +168,9 @@ class Op:
     # OpSettings fields). True for ops that read ``randomSeed___`` as their last input: the
     # WireRandomSeed pass appends it, and recomputation never clones them.
     requires_random_seed: ClassVar[bool] = False
+    # True for ops whose outputs carry no gradient (Detach): autodiff does not mark what they
+    # produce as needing one, so ops fed only through them need no gradient of their own.
+    stops_gradient: ClassVar[bool] = False
     # True for ops that run at the end of their stage's pipeline cycle, between cycles
     # (IpuCopy): lowering, the plan and the cost model put them after the stage's compute.
     runs_between_cycles: ClassVar[bool] = False
@@ -174,6 +180,9 @@ class Op:
     # True for cross-replica ops (ops/collectives.py), which also define ``groups(replicas)``:
     # the plan runs every replica up to them, the cost model adds IPU-Link cycles.
     collective: ClassVar[bool] = False
+    # True for the ops moving a tensor between an IPU and its streaming memory (RemoteLoad,
+    # RemoteStore; ops/remote.py): the memory and cycle models charge their transfers.
+    remote_transfer: ClassVar[bool] = False
     # True for ops whose outputs never alias an input, weight, constant or host buffer: the
     # InplaceVariants pass may then let a reader overwrite them.
     fresh_outputs: ClassVar[bool] = False
@@ -357,7 +366,12 @@ class Op:
         return dataclasses.asdict(self.attrs) if dataclasses.is_dataclass(self.attrs) else {}
 
     def input_infos(self) -> list["TensorInfo | None"]:
-        return [t.info if t is not None else None for t in self.inputs]
+        """The infos infer() takes: without the random seed that stochastic rounding appended
+        to an op that does not round in its own kernel (ops/rounding.py)."""
+        inputs = self.inputs
+        if self.settings.stochastic_rounding and not self.supports_stochastic_rounding:
+            inputs = inputs[:-1]
+        return [t.info if t is not None else None for t in inputs]
 
     def __repr__(self) -> str:
         return f"<{self.debug_name}>"

@@ -38,6 +38,7 @@ from . import sequences  # noqa: F401
 from . import scan  # noqa: F401
 from . import random_ops  # noqa: F401
 from . import misc  # noqa: F401
+from . import remote  # noqa: F401
 from . import rnn  # noqa: F401
 from . import preview_training  # noqa: F401
 from . import dynamic_slice  # noqa: F401

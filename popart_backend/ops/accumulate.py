@@ -9,21 +9,27 @@ them; they never come from a model.
   running mean, ``accum += (update - accum) / (count + 1)``, where ``count`` is the number of
   updates accumulated before this one (the Running mean-reduction strategy).
 - ``AccumulatorScale(accum)``: ``accum *= factor``; factor 0 resets it to zeros.
+
+In a run's journal (ops/state_journal.py) the first write of an accumulator in the run goes out
+of place into its ping-pong buffer (the same kernel with ``out=``, so the same numbers).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ..errors import ShapeError
 from ..ir.op import Op
 from .registry import AI_GRAPHCORE, register_op
+from .state_journal import JournaledWrites
 
 ACCUMULATION_TYPES = ("Add", "Mean")
 
 
 @register_op("Accumulate", versions=1, domain=AI_GRAPHCORE)
-class Accumulate(Op):
+class Accumulate(JournaledWrites, Op):
     """accum += update (Add), or the running mean of the updates so far (Mean)."""
 
     modifies_inputs = (0,)
@@ -58,16 +64,24 @@ class Accumulate(Op):
         return accum
 
     def kernel(self, accum, update, count=None):
-        # The accumulator may be narrower than the gradient (accumType): add_ rounds into it.
+        return self.journaled_kernel(None, accum, update, count)
+
+    def journaled_kernel(self, journal, accum, update, count=None):
+        out = accum if journal is None else journal.spare_for(accum)
+        # The accumulator may be narrower than the gradient (accumType): add rounds into it.
         if count is None:
-            return accum.add_(update)
-        update = update.to(accum.dtype)
-        # lerp_ is accum + w·(update − accum) in one pass, without temporaries of accum's size.
-        return accum.lerp_(update, (count + 1.0).reciprocal().to(accum.dtype))
+            torch.add(accum, update, out=out)
+        else:
+            update = update.to(accum.dtype)
+            # lerp is accum + w·(update − accum) in one pass, without temporaries.
+            torch.lerp(accum, update, (count + 1.0).reciprocal().to(accum.dtype), out=out)
+        if journal is not None:
+            journal.settle(accum, out)
+        return accum
 
 
 @register_op("AccumulatorScale", versions=1, domain=AI_GRAPHCORE)
-class AccumulatorScale(Op):
+class AccumulatorScale(JournaledWrites, Op):
     """accum *= factor; factor 0 zeroes it (the reset after each weight update)."""
 
     modifies_inputs = (0,)
@@ -83,7 +97,15 @@ class AccumulatorScale(Op):
         return accum
 
     def kernel(self, accum):
+        return self.journaled_kernel(None, accum)
+
+    def journaled_kernel(self, journal, accum):
+        out = accum if journal is None else journal.spare_for(accum)
         if self.attrs.factor == 0.0:
-            return accum.zero_()
-        return accum.mul_(self.attrs.factor)
+            out.zero_()
+        else:
+            torch.mul(accum, self.attrs.factor, out=out)
+        if journal is not None:
+            journal.settle(accum, out)
+        return accum
 

@@ -27,8 +27,8 @@ restores the full shape.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from typing import Sequence
 
 import torch
@@ -158,7 +158,8 @@ class ShardLayout:
     ``counts[j]`` / ``starts[j]``: the real elements shard j holds and where they start in the
     flat tensor. ``split_index`` (long [k·s]) picks, from the flat tensor with one zero appended,
     the padded shards one after the other; ``join_index`` (long [n]) picks the real elements
-    back out of the k·s concatenated shards.
+    back out of the k·s concatenated shards. Both are built when first used (a run), so
+    planning a big model's memory allocates no index tensors.
     """
 
     num_elements: int
@@ -166,8 +167,21 @@ class ShardLayout:
     shard_size: int
     counts: tuple[int, ...]
     starts: tuple[int, ...]
-    split_index: torch.Tensor = field(repr=False, compare=False)
-    join_index: torch.Tensor = field(repr=False, compare=False)
+
+    def _real(self) -> torch.Tensor:
+        """[k, s] bool: which positions of the padded shards hold real elements."""
+        return torch.arange(self.shard_size)[None, :] < torch.tensor(self.counts)[:, None]
+
+    @cached_property
+    def split_index(self) -> torch.Tensor:
+        position = torch.tensor(self.starts)[:, None] + torch.arange(self.shard_size)[None, :]
+        # index num_elements is the appended zero
+        return torch.where(self._real(), position, self.num_elements).reshape(-1)
+
+    @cached_property
+    def join_index(self) -> torch.Tensor:
+        k, size = self.num_shards, self.shard_size
+        return (torch.arange(k)[:, None] * size + torch.arange(size)[None, :])[self._real()]
 
     def split(self, value: torch.Tensor) -> torch.Tensor:
         """The k padded shards of ``value`` (any shape, n elements) as a [k, s] tensor."""
@@ -191,13 +205,7 @@ def shard_layout(num_elements: int, num_shards: int) -> ShardLayout:
     full = n - k * (size - 1)  # shards holding `size` real elements; the rest hold size - 1
     counts = tuple(size if j < full else size - 1 for j in range(k))
     starts = tuple(sum(counts[:j]) for j in range(k))
-    split, join = [], []
-    for j in range(k):
-        real = list(range(starts[j], starts[j] + counts[j]))
-        join += [j * size + i for i in range(counts[j])]
-        split += real + [n] * (size - counts[j])  # index n is the appended zero
-    return ShardLayout(n, k, size, counts, starts, torch.tensor(split, dtype=torch.long),
-                       torch.tensor(join, dtype=torch.long))
+    return ShardLayout(n, k, size, counts, starts)
 
 
 class _ShardingCollective(Op):
@@ -219,17 +227,24 @@ class _ShardingCollective(Op):
         return groups
 
     def _group_size(self) -> int:
-        """The replica group size of ``commGroup``, known when the graph is built."""
+        """The replica group size of ``commGroup``: for All (or no commGroup, PopART's
+        default) every replica of the session, known once a session builds the graph."""
         group = self.settings.comm_group
         if group is not None and group[0] == CommGroupType.Ungrouped.value:
             return 1
-        if group is None or group[0] == CommGroupType.All.value or group[1] < 1:
+        if group is None or group[0] == CommGroupType.All.value:
+            replicas = self.graph.ir.replicas if self.graph is not None else None
+            if replicas is None:
+                raise popart_exception(
+                    f"{self.debug_name}: the shard count of a reduce-scatter over all replicas "
+                    f"is the session's replication factor (replicatedGraphCount), unknown "
+                    f"before a session builds the graph. Build a session, or pass "
+                    f"commGroup=popart.CommGroup(popart.CommGroupType.Consecutive, <size>).")
+            return replicas
+        if group[1] < 1:
             raise popart_exception(
-                f"{self.debug_name}: the shard count of a reduce-scatter over all replicas is "
-                f"the replication factor, which the graph does not know when it is built. Pass "
-                f"commGroup=popart.CommGroup(popart.CommGroupType.Consecutive, "
-                f"<replicatedGraphCount>) (or the group you mean)."
-            )
+                f"{self.debug_name}: commGroup (type {group[0]}) needs a replicaGroupSize "
+                f">= 1, got {group[1]}.")
         return group[1]
 
     def _check_shards(self) -> None:
@@ -243,7 +258,8 @@ class ReplicatedReduceScatter(_ShardingCollective):
     """Sum over the replicas of the group, then member j keeps shard j (f[s], ShardLayout).
 
     Its gradient is the all-gather of the shard gradients. From the Builder
-    (``replicatedreducescatter``) the shard count is the size of the ``commGroup``'s groups.
+    (``replicatedreducescatter``) the shard count is the size of the ``commGroup``'s groups,
+    all the session's replicas by default.
     """
 
     builder_method = BuilderMethod("replicatedreducescatter", 1, 1, _COLLECTIVE_ATTRS)
@@ -251,10 +267,13 @@ class ReplicatedReduceScatter(_ShardingCollective):
     @dataclass(frozen=True)
     class Attrs:
         num_shards: int = 0  # 0: the size of the op's replica groups (set by the Builder)
+        # PopART's CollectiveOperator Local: no sum, member j keeps shard j of its own value
+        # (the RTS pass slices a whole weight this way; nothing crosses the IPU-Links).
+        local: bool = False
 
     def infer(self, x):
         if self.attrs.num_shards == 0:
-            self.attrs = type(self.attrs)(num_shards=self._group_size())
+            self.attrs = type(self.attrs)(num_shards=self._group_size(), local=self.attrs.local)
         self._check_shards()
         self._layout = shard_layout(x.nelms, self.attrs.num_shards)
         self._shape = tuple(x.shape)
@@ -269,6 +288,11 @@ class ReplicatedReduceScatter(_ShardingCollective):
         """Outputs of replicas ``first .. first + count - 1``: the group sum in ascending
         replica order, split by ``ShardLayout``."""
         out: list[torch.Tensor | None] = [None] * count
+        if self.attrs.local:
+            k = self.attrs.num_shards
+            for r in range(first, first + count):
+                out[r - first] = self._layout.split(values[r])[r % k].clone()
+            return out
         for group in self.groups(len(values)):
             if not any(first <= r < first + count for r in group):
                 continue
@@ -280,6 +304,13 @@ class ReplicatedReduceScatter(_ShardingCollective):
                 if first <= r < first + count:
                     out[r - first] = shards[j].clone()
         return out
+
+    def groups(self, num_replicas: int) -> list[list[int]]:
+        """A local slice exchanges nothing: every replica is its own group (so the cost model
+        counts no IPU-Link traffic); member r keeps shard r mod num_shards."""
+        if self.attrs.local:
+            return [[r] for r in range(num_replicas)]
+        return super().groups(num_replicas)
 
     def grad(self, g):
         g.set_input_grad(0, g.op("ReplicatedAllGather", g.output_grad(0), domain=GC,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from ..errors import ShapeError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
-from .matmul import half_partials_matmul
+from .conv_partials import half_partials_conv_grads, half_partials_conv_nd
 from .multi_grad import add_multi_grad_op, pick_grads, wanted_grads
 from .registry import AI_GRAPHCORE, register_op
 
@@ -287,7 +287,7 @@ class Conv(_Convolution):
         return TensorInfo(x.dtype, (x.shape[0], w.shape[0]) + win.out_sizes)
 
     # convolutionOptions["partialsType"] = "half" or the builder's setPartialsType(half) may make
-    # a float16 1-D or 2-D convolution accumulate in float16 (half_partials_conv).
+    # a float16 1-D, 2-D or 3-D convolution accumulate in float16 (half_partials_conv).
     supports_conv_half_partials = True
 
     def kernel(self, x, w, b=None):
@@ -304,45 +304,17 @@ class Conv(_Convolution):
 
 def half_partials_conv(op: Conv, x: torch.Tensor, w: torch.Tensor,
                        b: torch.Tensor | None) -> torch.Tensor:
-    """A float16 convolution whose sums run in float16, as the IPU's AMP units with half
-    partials: the windows of X are unfolded (im2col, index order channel, then kernel position)
-    and each group's product goes through ``half_partials_matmul`` (every product and every
-    addition rounded to float16); the bias is added in float16 last. 1-D and 2-D only."""
-    spatial = x.dim() - 2
-    if spatial not in (1, 2):
-        raise ShapeError(
-            f"{op.debug_name}: float16 partials are built for 1-D and 2-D convolutions, not "
-            f"{spatial}-D. Use float partials for this convolution."
-        )
-    if spatial == 1:  # as a 2-D convolution of height 1
-        y = half_partials_conv2d(x.unsqueeze(2), w.unsqueeze(2), b, (1, *op._stride),
-                                 (0, *op._padding), (1, *op._dilation), op._groups)
-        return y.squeeze(2)
-    return half_partials_conv2d(x, w, b, op._stride, op._padding, op._dilation, op._groups)
-
-
-def half_partials_conv2d(x, w, b, stride, padding, dilation, groups: int) -> torch.Tensor:
-    n, _, height, width = x.shape
-    m, per_group, kh, kw = w.shape
-    out_h = (height + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    out_w = (width + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    cols = F.unfold(x, (kh, kw), dilation=tuple(dilation), padding=tuple(padding),
-                    stride=tuple(stride))  # [N, C·kh·kw, L]
-    k = per_group * kh * kw
-    cols = cols.reshape(n, groups, k, out_h * out_w)
-    weights = w.reshape(groups, m // groups, k)
-    y = torch.cat([half_partials_matmul(weights[g], cols[:, g]) for g in range(groups)], dim=1)
-    if b is not None:
-        y = y + b.reshape(1, m, 1)
-    return y.reshape(n, m, out_h, out_w)
+    """A float16 convolution (1-D, 2-D or 3-D) whose sums run in float16, as the IPU's AMP
+    units with half partials (ops/conv_partials.py)."""
+    return half_partials_conv_nd(x, w, b, op._stride, op._padding, op._dilation, op._groups)
 
 
 @register_op("ConvGrad", versions=1, domain=AI_GRAPHCORE)
 class ConvGrad(_ConvolutionGrad, Conv):
     """dX, dW, dB of Conv (those listed in ``wrt``, in that order) from dY, X and W."""
 
-    # Its products keep float32 partials (the HalfPartialConvs pass unmarks it, logged).
-    supports_conv_half_partials = False
+    # With half partials its dX and dW products accumulate in float16 (ops/conv_partials.py).
+    supports_conv_half_partials = True
 
     @dataclass(frozen=True)
     class Attrs(Conv.Attrs):
@@ -356,10 +328,14 @@ class ConvGrad(_ConvolutionGrad, Conv):
         if self._pre_pad is not None:
             x = F.pad(x, self._pre_pad)
         n = len(self._stride)
-        grads = torch.ops.aten.convolution_backward(
-            dy, x, w, self._bias_sizes, self._stride, self._padding, self._dilation, False,
-            (0,) * n, self._groups, self._mask,
-        )
+        if self.settings.half_partials and dy.dtype == torch.float16:
+            grads = half_partials_conv_grads(dy, x, w, self._stride, self._padding,
+                                             self._dilation, self._groups, self._mask)
+        else:
+            grads = torch.ops.aten.convolution_backward(
+                dy, x, w, self._bias_sizes, self._stride, self._padding, self._dilation, False,
+                (0,) * n, self._groups, self._mask,
+            )
         if self._pre_pad is not None and grads[0] is not None:
             # The adjoint of padding is cropping the padded border off again.
             grads = (F.pad(grads[0], tuple(-p for p in self._pre_pad)),) + tuple(grads[1:])

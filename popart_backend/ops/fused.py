@@ -325,8 +325,9 @@ class Attention(FusedOp):
 
     With ``key_transposed`` the key input is K^T ([..., E, S], as the exporters feed MatMul);
     a transposed view hands it to torch. Rows whose scores are all -inf give zeros, as the
-    exporters' ``Where(IsNaN(p), 0, p)`` guard does (the pass requires that guard or a finite
-    constant mask).
+    exporters' ``Where(IsNaN(p), 0, p)`` guard does. Without that guard the pass needs a finite
+    constant mask, or sets ``nan_masked_rows``: rows whose mask is all -inf then give NaN, as
+    the unguarded ONNX Softmax does.
 
     With ``save_stats`` (made by the training fusion) the op also outputs the row-wise
     log-sum-exp of the scores, f32 [B, H, L], computed by torch's CPU flash-attention kernel;
@@ -342,18 +343,27 @@ class Attention(FusedOp):
         scale: float = 1.0
         key_transposed: int = 1
         save_stats: int = 0
+        nan_masked_rows: int = 0
 
     def __init__(self, attrs, settings, input_infos, out):
         super().__init__(attrs, settings, input_infos, out)
         if attrs.save_stats:
             self._out = [out, TensorInfo(out.dtype, out.shape[:-1])]
+        if attrs.save_stats and attrs.nan_masked_rows:
+            raise ShapeError(f"{self.debug_name}: nan_masked_rows is for inference only "
+                             f"(save_stats=0).")
 
     def kernel(self, q, k, v, mask=None):
         if self.attrs.key_transposed:
             k = k.transpose(-1, -2)
         if not self.attrs.save_stats:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                  scale=self.attrs.scale)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.attrs.scale)
+            if self.attrs.nan_masked_rows and mask is not None:
+                # A row masked everywhere: NaN, as softmax over all -inf (torch gives zeros).
+                full = torch.isneginf(mask).all(-1, keepdim=True)
+                if full.any():
+                    y = y.masked_fill(full, float("nan"))
+            return y
         q, k, v, mask = _unit_stride(q, k, v, mask)
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=mask, scale=self.attrs.scale)

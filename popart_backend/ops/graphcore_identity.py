@@ -33,6 +33,7 @@ class Detach(_Passthrough):
     """Identity whose output carries no gradient back to its input."""
 
     builder_method = BuilderMethod("detach", 1)
+    stops_gradient = True
 
     def grad(self, g):
         """Stops the gradient: nothing flows back."""

@@ -30,10 +30,15 @@ from ..ir.op import Op
 from ..ir.tensor import TensorInfo
 from .registry import AI_GRAPHCORE, register_op
 from .rounding import rounding_generator, split_seed, stochastic_round
+from .state_journal import JournaledWrites, StateJournal
 
 
-class OptimizerUpdate(Op):
-    """Base of the update ops: input layout, hyper-parameter lookup, gradient scaling."""
+class OptimizerUpdate(JournaledWrites, Op):
+    """Base of the update ops: input layout, hyper-parameter lookup, gradient scaling.
+
+    In a run's journal (ops/state_journal.py) the SGD and Adam paths write the first new value
+    of each state tensor out of place (``_first``), the others save their state before writing.
+    """
 
     # Names of the state inputs, after (weight, gradient); any may be absent.
     STATE: ClassVar[tuple[str, ...]] = ()
@@ -105,6 +110,9 @@ class OptimizerUpdate(Op):
         return weight
 
     def kernel(self, weight, grad, *rest):
+        return self.journaled_kernel(None, weight, grad, *rest)
+
+    def journaled_kernel(self, journal: StateJournal | None, weight, grad, *rest):
         rest, seed = split_seed(self, rest)
         if self.settings.skip_on_overflow:
             rest, finite = rest[:-1], rest[-1]
@@ -113,8 +121,12 @@ class OptimizerUpdate(Op):
         g, h = self._scaled_gradient(grad, rest)
         n = len(self.STATE)
         state, extra = list(rest[:n]), rest[n + 1 + len(self.attrs.dynamic) :]
+        if journal is not None and journal.is_open and (seed is not None
+                                                        or not self._journals_itself(h)):
+            journal.save_all((weight, *state))
+            journal = None
         if seed is None:
-            self.update(weight, g, h, *state, *extra)
+            self.update(weight, g, h, *state, *extra, journal=journal)
             return weight
         # Stochastic rounding: the update in float32, the float16 results rounded at random.
         halves = [t for t in (weight, *state) if t is not None and t.dtype == torch.float16]
@@ -151,8 +163,22 @@ class OptimizerUpdate(Op):
             g = g * factor  # out of place: the gradient tensor may be read elsewhere
         return g, h
 
-    def update(self, weight, grad, h, *state) -> None:
+    def _journals_itself(self, h) -> bool:
+        """Whether ``update`` with these hyper-parameters writes through the journal."""
+        return False
+
+    def update(self, weight, grad, h, *state, journal=None) -> None:
         raise NotImplementedError
+
+
+def _first(journal: StateJournal | None, x: torch.Tensor) -> torch.Tensor:
+    """The tensor to write x's next value into (x itself outside a journal)."""
+    return x if journal is None else journal.spare_for(x)
+
+
+def _settle(journal: StateJournal | None, x: torch.Tensor, out: torch.Tensor) -> None:
+    if journal is not None:
+        journal.settle(x, out)
 
 
 # --- SGD --------------------------------------------------------------------------------------
@@ -189,29 +215,42 @@ class SGDUpdate(OptimizerUpdate):
         grad_scale: float = 1.0
         dynamic: tuple[str, ...] = ()
 
-    def update(self, w, g, h, velocity, step):
+    def _journals_itself(self, h) -> bool:
+        return True
+
+    def update(self, w, g, h, velocity, step, *, journal=None):
+        # Each first write goes to _first(...) (w or v themselves outside a journal), reading
+        # the old value: the same kernels as in place, so the same numbers.
         wd, lr = h["weight_decay"], h["lr"]
         d = g.add(w.to(g.dtype), alpha=wd) if wd != 0.0 else g
         if velocity is None:
-            w.add_(d.to(w.dtype), alpha=-lr)
+            out = _first(journal, w)
+            torch.add(w, d.to(w.dtype), alpha=-lr, out=out)
+            _settle(journal, w, out)
             return
         mm, vs = h["momentum"], h["velocity_scaling"]
         first = False
         if step is not None:
             first = float(step) == 0.0
+            if journal is not None:
+                journal.save(step)
             step.add_(1.0)
         scale = vs * (1.0 - h["dampening"])
+        out = _first(journal, velocity)
         if mm == 0.0 or first:
-            velocity.copy_(d).mul_(vs)
+            out.copy_(d).mul_(vs)
         elif scale == 1.0:
             # v' = d + mm·v in one pass over the velocity (writing its own input elementwise).
-            torch.add(d, velocity, alpha=mm, out=velocity)
+            torch.add(d, velocity, alpha=mm, out=out)
         else:
-            velocity.mul_(mm).add_(d, alpha=scale)
+            torch.mul(velocity, mm, out=out).add_(d, alpha=scale)
+        _settle(journal, velocity, out)
+        out = _first(journal, w)
         if h["nesterov"] != 0.0:
-            w.add_(d.add(velocity, alpha=mm / vs).to(w.dtype), alpha=-lr)
+            torch.add(w, d.add(velocity, alpha=mm / vs).to(w.dtype), alpha=-lr, out=out)
         else:
-            w.add_(velocity.to(w.dtype), alpha=-lr / vs)
+            torch.add(w, velocity.to(w.dtype), alpha=-lr / vs, out=out)
+        _settle(journal, w, out)
 
 
 # --- Adam family ------------------------------------------------------------------------------
@@ -275,32 +314,50 @@ class AdamUpdate(OptimizerUpdate):
                              f"(sum w^2, sum u^2), got {rest[-1]}.")
         return super().infer(weight, grad, *rest)
 
-    def update(self, w, g, h, m, v, step, square_norms=None):
+    def _journals_itself(self, h) -> bool:
+        return self._fast_path(h)
+
+    def _fast_path(self, h) -> bool:
+        scaled = self.attrs.scaled_state and h["loss_scaling"] != 1.0
+        return self.attrs.mode in ("Adam", "AdamNoBias") and not scaled
+
+    def update(self, w, g, h, m, v, step, square_norms=None, *, journal=None):
         mode, lr, wd = self.attrs.mode, h["lr"], h["weight_decay"]
         b1, b2, eps = h["beta1"], h["beta2"], h["eps"]
         decoupled = self.attrs.weight_decay_mode == "Decay"
         wf = w.to(m.dtype)
         if wd != 0.0 and not decoupled:
             g = g.add(wf, alpha=wd)
+        if journal is not None:
+            journal.save(step)
         step.add_(1.0)
         t = float(step)
         s = h["loss_scaling"] if self.attrs.scaled_state else 1.0
         bias = mode in ("Adam", "AdaMax", "Lamb")
         c1 = 1.0 - b1**t if bias else 1.0
-        if mode in ("Adam", "AdamNoBias") and s == 1.0:
+        if self._fast_path(h):
             # torch.optim.Adam's own sequence: one pass per state, the step as one addcdiv.
-            m.lerp_(g, 1.0 - b1)
-            v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+            # First writes go to _first(...) out of place (same kernels, same numbers).
+            out = _first(journal, m)
+            torch.lerp(m, g, 1.0 - b1, out=out)
+            _settle(journal, m, out)
+            out = _first(journal, v)
+            torch.mul(v, b2, out=out).addcmul_(g, g, value=1.0 - b2)
+            _settle(journal, v, out)
             # m̂/(√v̂ + ε) = (√c2/c1)·m/(√v + ε√c2): the bias corrections become scalars.
             root_c2 = math.sqrt(1.0 - b2**t) if bias else 1.0
             denom = v.sqrt().add_(eps * root_c2)
-            if wd != 0.0 and decoupled:
-                w.mul_(1.0 - lr * wd)
             step_size = lr * root_c2 / c1
+            out = _first(journal, w)
+            if wd != 0.0 and decoupled:
+                torch.mul(w, 1.0 - lr * wd, out=out)
+                _settle(journal, w, out)
+                out = w
             if w.dtype == m.dtype:
-                w.addcdiv_(m, denom, value=-step_size)
+                torch.addcdiv(w, m, denom, value=-step_size, out=out)
             else:
-                w.add_((m / denom).to(w.dtype), alpha=-step_size)
+                torch.add(w, (m / denom).to(w.dtype), alpha=-step_size, out=out)
+            _settle(journal, w, out)
             return
         m.mul_(b1).add_(g, alpha=(1.0 - b1) * s)
         if mode == "AdaMax":
@@ -360,6 +417,9 @@ class LambSquareNorms(AdamUpdate):
         super().infer(weight, grad, *rest)
         return TensorInfo(DataType.FLOAT, (2,))
 
+    def journaled_kernel(self, journal, *inputs):
+        return self.kernel(*inputs)  # writes nothing
+
     def kernel(self, weight, grad, *rest):
         g, h = self._scaled_gradient(grad, rest)
         state = [s.clone() if s is not None else None for s in rest[: len(self.STATE)]]
@@ -408,7 +468,7 @@ class AdaptiveUpdate(OptimizerUpdate):
         tf_variant: bool = False
         dynamic: tuple[str, ...] = ()
 
-    def update(self, w, g, h, a1, a2, a3):
+    def update(self, w, g, h, a1, a2, a3, *, journal=None):
         mode, lr, wd = self.attrs.mode, h["lr"], h["weight_decay"]
         alpha, eps = h["alpha"], h["eps"]
         decoupled = self.attrs.weight_decay_mode == "Decay"

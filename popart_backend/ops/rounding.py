@@ -10,15 +10,29 @@ their float16 results with ``stochastic_round``; their last input is then the se
 reproducible for a seed, new every micro-batch and different per op; kernel results differ per
 replica, weight updates draw the same on every replica (as PopART's identical seeds for the
 weight updates), so the replicas' weights stay equal.
+
+Every other op with a float16 result that the pass marks (``generic_rounding``) goes through
+``stochastically_rounded``, which the execution plan wraps around its kernel: float16 inputs
+are widened to float32, the kernel runs, and each float16 result is rounded stochastically
+from the float32 value (a Cast from a wider float rounds its input directly). A kernel that
+cannot run on float32 inputs is logged once and computes in float16, rounding to nearest.
 """
 
 from __future__ import annotations
 
+import logging
 import zlib
 
 import torch
 
-__all__ = ["rounding_generator", "split_seed", "stochastic_round"]
+from ..dtypes import DataType
+from .cast import CastBase
+
+__all__ = ["generic_rounding", "rounding_generator", "split_seed", "stochastic_round",
+           "stochastically_rounded"]
+
+_log = logging.getLogger("popart:devicex")
+_NARROW_KERNELS: set[str] = set()
 
 
 def split_seed(op, xs: tuple) -> tuple[tuple, torch.Tensor | None]:
@@ -60,3 +74,50 @@ def stochastic_round(x: torch.Tensor, generator: torch.Generator) -> torch.Tenso
     rounded = torch.where(draw < p_up, hi, lo).to(torch.float16)
     keep = (back == x) | ~torch.isfinite(back) | ~torch.isfinite(hi) | ~torch.isfinite(lo)
     return torch.where(keep, nearest, rounded)
+
+
+def generic_rounding(op) -> bool:
+    """Whether ``op`` rounds stochastically through ``stochastically_rounded`` (marked by the
+    StochasticRounding pass, its class having no rounding of its own)."""
+    return op.settings.stochastic_rounding and not op.supports_stochastic_rounding
+
+
+def stochastically_rounded(op, kernel):
+    """``kernel`` computing in float32 with its float16 results rounded stochastically, for an
+    op the pass marked (``generic_rounding``); other kernels unchanged. The wrapped kernel takes
+    the random seed as its last argument."""
+    if not generic_rounding(op):
+        return kernel
+    narrow = [i for i, t in enumerate(op.outputs)
+              if t is not None and t.info.dtype is DataType.FLOAT16]
+    single = len(op.outputs) == 1
+    is_cast = isinstance(op, CastBase)
+
+    def run(*xs):
+        args, seed = xs[:-1], xs[-1]
+        if is_cast:
+            x = args[0]
+            if isinstance(x, torch.Tensor) and x.is_floating_point() \
+                    and x.dtype != torch.float16 and narrow:
+                return stochastic_round(x, rounding_generator(op, seed))
+            return kernel(*args)
+        wide = tuple(x.float() if isinstance(x, torch.Tensor) and x.dtype == torch.float16
+                     else x for x in args)
+        try:
+            result = kernel(*wide)
+        except (RuntimeError, TypeError) as exc:
+            if op.op_type not in _NARROW_KERNELS:
+                _NARROW_KERNELS.add(op.op_type)
+                _log.warning("enableStochasticRounding: the %s kernel of %s cannot compute in "
+                             "float32 (%s); it computes in float16 and rounds to nearest.",
+                             op.op_type, op.debug_name, exc)
+            return kernel(*args)
+        outs = [result] if single else list(result)
+        generator = rounding_generator(op, seed)
+        for i in narrow:
+            value = outs[i]
+            if isinstance(value, torch.Tensor) and value.dtype != torch.float16:
+                outs[i] = stochastic_round(value, generator)
+        return outs[0] if single else tuple(outs)
+
+    return run

@@ -234,7 +234,10 @@ class Optimizer:
                     continue
                 prefix, dtype, init, role, shape = spec
                 tid = graph.unique_id(prefix + weight_id)
-                data = ir.initial_state(tid, np.full(shape, init, dtype.numpy))
+                # Zeros from np.zeros take no host memory until written (a big model's
+                # optimizer state is planned, never held, on an offline device).
+                data = ir.initial_state(tid, np.zeros(shape, dtype.numpy) if init == 0
+                                        else np.full(shape, init, dtype.numpy))
                 state = graph.add_tensor(tid, TensorInfo(dtype, shape), TensorKind.VARIABLE, data)
                 state.role = role
                 state_ids.append(tid)

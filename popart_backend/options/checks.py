@@ -17,10 +17,10 @@ from typing import Any
 
 from ..errors import NotImplementedOptionError, popart_exception
 from ..tensorinfo import ExchangeStrategy, TileSet
-from .enums import CommGroupType, VirtualGraphMode
+from .enums import AutodiffStitchStrategy, CommGroupType, VirtualGraphMode
 from .planning import check_planning_options
 from .session_options import SessionOptions
-from .structs import CommGroup, TensorLocation
+from .structs import CommGroup, ExecutionPhaseSettings, TensorLocation
 from .typed import _hints
 from .values import check_numeric_options
 
@@ -161,12 +161,15 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
         no_effect("only inference pipelines read it; training stashes what the backward pass "
                   "needs"),
     ),
-    "executionPhaseSettings": pending(5, "execution phases"),
+    # VirtualGraphMode.ExecutionPhases (transforms/execution_phases.py); check_execution_phases
+    # logs the parts without effect.
+    "executionPhaseSettings": BUILT,
     # Overlap schedules: the IPUs' weight updates run in parallel (device/cost.py).
     "accumulateOuterFragmentSettings": ByMode(
         no_effect("inference has no accumulate outer fragment"), BUILT),
     "batchSerializationSettings": BUILT,  # memory and cycles (device/option_model.py)
-    "autodiffSettings": ByMode(no_effect("inference runs no autodiff"), _TRAINING),
+    # Training: checked against the model's subgraphs by check_stitch_strategy below.
+    "autodiffSettings": ByMode(no_effect("inference runs no autodiff"), BUILT),
     # Off-chip storage and replicated tensor sharding (transforms/rts.py) are built.
     "activationTensorLocationSettings": BUILT,
     "weightTensorLocationSettings": BUILT,
@@ -177,7 +180,7 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "enableNonStableSoftmax": BUILT,
     "enableStableNorm": no_effect(
         "the simulated norms always take the variance about the mean (the stable form)"),
-    # float16 MatMul results and weight updates (transforms/stochastic_rounding.py).
+    # every float16 kernel result and weight update (transforms/stochastic_rounding.py).
     "enableStochasticRounding": BUILT,
     "enableFloatingPointChecks": BUILT,
     "partialsTypeMatMuls": BUILT,  # float16 products only (transforms/numerics_options.py)
@@ -185,17 +188,17 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     # False: the per-op matmul serialisations are not planned (device/planner.py).
     "enableSerializedMatmuls": BUILT,
     "groupNormStridedChannelGrouping": BUILT,  # transforms/numerics_options.py
-    "enableSupportedDataTypeCasting": pending(None, "strict 64-bit integer handling"),
+    # True: INT64/UINT64 inputs range-checked as 32-bit at the stream; False: refused
+    # (session_methods.py check_64bit_*).
+    "enableSupportedDataTypeCasting": BUILT,
     # False: constant expressions of shared tensors stay unfolded (transforms/const_fold.py,
     # importer/fold_policy.py).
     "enableConstantFoldingOfMultipleConsumers": BUILT,
     "enableInplaceAmbiguityChecking": no_effect(
         "in-place variants are used only where the op is the sole reader, so no in-place "
         "ambiguity can arise"),
-    "ensureFp32LossScaleTensor": ByMode(
-        no_effect("inference has no loss scaling"),
-        pending(3, "a float32 loss-scale tensor in float16 models"),
-    ),
+    # A float32 loss scale applied to the first float16 gradients (transforms/loss_scaling.py).
+    "ensureFp32LossScaleTensor": ByMode(no_effect("inference has no loss scaling"), BUILT),
     "throwIfLog2ScaleTensorNotInRange": no_effect(
         "there are no float8 ops, the only readers of a log2 scale tensor"),
     "strictOpVersions": BUILT,
@@ -397,6 +400,81 @@ def check_buildable(options: SessionOptions, training: bool) -> None:
             + "\nReset them to their defaults to run now."
         )
     check_planning_options(options)
+    check_execution_phases(options)
+
+
+_PHASE_DEFAULTS = ExecutionPhaseSettings()
+
+
+def check_execution_phases(options: SessionOptions) -> None:
+    """``executionPhaseSettings``: refuse what phased execution does not build with, and log
+    the settings that change nothing in our model."""
+    settings = options.executionPhaseSettings
+    if options.virtualGraphMode is not VirtualGraphMode.ExecutionPhases:
+        if settings != _PHASE_DEFAULTS:
+            _log.warning("SessionOptions.executionPhaseSettings has no effect: only "
+                         "virtualGraphMode = VirtualGraphMode.ExecutionPhases runs phases (this "
+                         "session uses %s).", options.virtualGraphMode)
+        return
+    if settings.phases < 1:
+        raise popart_exception(
+            f"virtualGraphMode = VirtualGraphMode.ExecutionPhases needs "
+            f"executionPhaseSettings.phases >= 1 (got {settings.phases}): set it to the number "
+            f"of phases the builder's executionPhase annotations use."
+        )
+    if options.enableGradientAccumulation:
+        raise NotImplementedOptionError(
+            "virtualGraphMode = VirtualGraphMode.ExecutionPhases with "
+            "enableGradientAccumulation = True is not built yet: the simulated IPU streams "
+            "phases per micro-batch only. Turn gradient accumulation off, or use "
+            "VirtualGraphMode.Manual."
+        )
+    if settings.accumulatorIOSchedule is not _PHASE_DEFAULTS.accumulatorIOSchedule:
+        _log.warning("SessionOptions.executionPhaseSettings.accumulatorIOSchedule = %s has no "
+                     "effect: phased sessions have no gradient accumulators.",
+                     settings.accumulatorIOSchedule)
+    if settings.optimizerStateIOSchedule is not _PHASE_DEFAULTS.optimizerStateIOSchedule:
+        _log.warning("SessionOptions.executionPhaseSettings.optimizerStateIOSchedule = %s has "
+                     "no effect: optimizer state follows optimizerStateTensorLocationSettings, "
+                     "and off-chip state is loaded when the update needs it (OnDemand).",
+                     settings.optimizerStateIOSchedule)
+    if settings.schedule is not _PHASE_DEFAULTS.schedule:
+        _log.warning("SessionOptions.executionPhaseSettings.schedule = %s has no effect: the "
+                     "simulated IPU loads a phase's tensors at its start and charges every "
+                     "transfer in full whatever the interleaving.", settings.schedule)
+
+
+_STITCH_LOGGED: set[str] = set()
+
+
+def check_stitch_strategy(options: SessionOptions, has_subgraphs: bool) -> None:
+    """``autodiffSettings.stitchStrategy`` of a training session. It decides how the gradient
+    of a subgraph (If, Loop, Call body) gets the forward values it needs. Our gradient bodies
+    recompute the forward body, which is RecomputeAllNonInputs (the default). RecomputeMinimal
+    is logged as computed that way (same numbers); the AddFwdOutputs strategies raise
+    NotImplementedOptionError when the model has subgraphs, and are logged as having no effect
+    when it has none."""
+    strategy = options.autodiffSettings.stitchStrategy
+    if strategy is AutodiffStitchStrategy.RecomputeAllNonInputs:
+        return
+    name = f"AutodiffStitchStrategy.{strategy.name}"
+    if not has_subgraphs:
+        message = (f"SessionOptions.autodiffSettings.stitchStrategy = {name} has no effect: the "
+                   f"model has no subgraph (If, Loop, Scan, Call) whose gradient is stitched.")
+    elif strategy is AutodiffStitchStrategy.RecomputeMinimal:
+        message = (f"SessionOptions.autodiffSettings.stitchStrategy = {name}: the gradient of "
+                   f"a subgraph recomputes its whole forward body, as RecomputeAllNonInputs "
+                   f"(the same numbers; the unused recomputed ops cost cycles PopART's minimal "
+                   f"set would not).")
+    else:
+        raise NotImplementedOptionError(
+            f"SessionOptions.autodiffSettings.stitchStrategy = {name}: returning the forward "
+            f"values of a subgraph as extra outputs for its gradient is not built yet; the "
+            f"gradient bodies recompute them. Use AutodiffStitchStrategy.RecomputeAllNonInputs "
+            f"(the default).")
+    if name not in _STITCH_LOGGED:
+        _STITCH_LOGGED.add(name)
+        _log.warning(message)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import logging
 from ..errors import popart_exception
 from .typed import _checked
 
-__all__ = ["Patterns", "PatternsLevel"]
+__all__ = ["Patterns", "PatternsLevel"]  # excluded_pattern_names: the importer's
 
 _log = logging.getLogger("popart:pattern")
 
@@ -258,6 +258,21 @@ class Patterns:
 
     def __repr__(self) -> str:
         return f"Patterns({self.enabledPatterns()})"
+
+
+def excluded_pattern_names(names, where: str) -> frozenset[str]:
+    """The pattern names of a node's ``__exclude_patterns`` annotation (the builder's
+    ``excludePatterns``), spelled as ``Patterns`` spells them; raises popart_exception naming
+    ``where`` for an unknown name."""
+    known = Patterns(PatternsLevel.All)
+    out = set()
+    for name in names:
+        text = name.decode() if isinstance(name, bytes) else name
+        try:
+            out.add(known._known(text))
+        except popart_exception as exc:
+            raise popart_exception(f"{where}: excludePatterns: {exc}") from None
+    return frozenset(out)
 
 
 def log_pattern_effects(patterns: Patterns, logged: set[str]) -> None:

@@ -9,8 +9,9 @@ no effect in the simulator's model:
   1-D and 2-D convolutions (their gradients keep float32 partials, logged). The simulated
   LSTMs have no float16 accumulation, so "half" there is refused as not built yet.
 - ``"availableMemoryProportion"`` (a number in (0, 1]): the budget of a planner's temporary
-  memory. Only the per-op setting (``builder.setAvailableMemoryProportion``, MultiConv) is
-  modelled (device/planner.py); the session-wide key is checked and logged once.
+  memory for the matmuls (``matmulOptions``) or convolutions (``convolutionOptions``) without
+  a per-op setting (device/planner.py: lower means less temporary memory and more cycles); in
+  ``lstmOptions`` it is logged once as having no effect.
 - any other key: logged once as having no effect.
 """
 
@@ -68,8 +69,8 @@ def check_planning_options(options) -> None:
                         f"SessionOptions.{where}['availableMemoryProportion'] = {value!r}: use "
                         f"a number in (0, 1], as a string (e.g. \"0.6\")."
                     )
-                _log_once(where, key, "only the per-op proportion is modelled; set it with "
-                                      "builder.setAvailableMemoryProportion on each op")
+                if where == "lstmOptions":
+                    _log_once(where, key, "the simulated LSTMs have no planner")
             else:
                 _log_once(where, key, "the simulator has no Poplar planner to pass it to")
     matmul_half_partials(options)

@@ -1,4 +1,5 @@
-"""Pass: the IR rewrites of the PopART patterns that have an effect in our model (F8).
+"""Pass: the IR rewrites of the PopART patterns that have an effect in our model (F8), in
+every graph, except on ops that exclude the pattern (the builder's ``excludePatterns``).
 
 Each rewrite runs only when its pattern is enabled in ``Ir.patterns`` (the session's
 ``Patterns``); ``options/patterns.py`` lists the patterns and what each changes. The new ops
@@ -36,21 +37,28 @@ _GC = "ai.graphcore"
 
 
 class ApplyPatterns:
-    """Pass: run the enabled pattern rewrites over the main graph, each op once."""
+    """Pass: run the enabled pattern rewrites over every graph (the main graph and the If,
+    Loop, Scan and Call bodies), each op once, except on ops whose ``excludePatterns``
+    (``OpSettings.excluded_patterns``) names the pattern. A rewrite that takes two ops
+    (ExpandCast) needs both to allow it."""
 
     name = "apply_patterns"
 
     def run(self, ir) -> bool:
         enabled = set(ir.patterns.enabledPatterns())
-        graph = ir.main
         changed = False
-        for op in graph.topo_order():
-            if op.id not in graph.ops:
-                continue  # removed by an earlier rewrite (ExpandCast takes two ops)
-            rewrite = _REWRITES.get((op.domain, op.op_type))
-            if rewrite is not None and rewrite[0] in enabled and rewrite[1](graph, op):
-                _log.debug("pattern %s applied to %s", rewrite[0], op.debug_name)
-                changed = True
+        for graph in list(ir.graphs.values()):
+            for op in graph.topo_order():
+                if op.id not in graph.ops:
+                    continue  # removed by an earlier rewrite (ExpandCast takes two ops)
+                rewrite = _REWRITES.get((op.domain, op.op_type))
+                if rewrite is None or rewrite[0] not in enabled:
+                    continue
+                if rewrite[0] in op.settings.excluded_patterns:
+                    _log.debug("pattern %s: %s excludes it", rewrite[0], op.debug_name)
+                elif rewrite[1](graph, op):
+                    _log.debug("pattern %s applied to %s", rewrite[0], op.debug_name)
+                    changed = True
         return changed
 
 
@@ -124,7 +132,8 @@ def _expand_cast(graph, cast: Op) -> bool:
     expanded = cast.inputs[0]
     expand = expanded.producer
     if (expand is None or expand.op_type != "Expand" or expand.domain != "ai.onnx"
-            or len(expanded.consumers) != 1 or is_observed(expanded)):
+            or len(expanded.consumers) != 1 or is_observed(expanded)
+            or "ExpandCast" in expand.settings.excluded_patterns):
         return False
     x, shape = expand.inputs[0], expand.inputs[1]
     out = cast.outputs[0]

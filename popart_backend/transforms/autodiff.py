@@ -203,6 +203,8 @@ class Autodiff:
         order = graph.topo_order()
         self.requires_grad = set(wrt)
         for op in order:
+            if op.stops_gradient:
+                continue
             if any(t is not None and t.id in self.requires_grad for t in op.inputs):
                 self.requires_grad.update(
                     t.id for t in op.outputs if t is not None and t.info.dtype.is_float)
@@ -250,6 +252,8 @@ class Autodiff:
         }
         need.update(wanted)
         for op in order:
+            if op.stops_gradient:
+                continue
             if any(t is not None and t.id in need for t in op.inputs):
                 need.update(t.id for t in op.outputs if t is not None and t.info.dtype.is_float)
         return need

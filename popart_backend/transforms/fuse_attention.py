@@ -16,6 +16,10 @@ Before:  qs = Mul(q, c)                  # c = scale ** 0.5, constant
          y = MatMul(g, v)
 After:   y = popart.fused::Attention(q, k, v, mask, scale=c*c, key_transposed=0)
 
+Without the NaN guard, a mask that is not a finite constant (an input, a variable such as a
+causal-mask buffer, or computed from an attention-mask input) fuses in inference with
+``nan_masked_rows=1``: the fused op gives NaN on rows masked everywhere, as the ONNX Softmax.
+
 With ``training=True`` (the training pass list, before autodiff) the fused op also outputs the
 log-sum-exp of the scores (``save_stats=1``, tensor ``<y>/logsumexp``) for its gradient, torch's
 CPU flash-attention backward. Training fuses only what that kernel takes: f32 [B, H, L, E]
@@ -182,10 +186,14 @@ class FuseAttention:
             chain = key_ops + chain
             key_transposed = 0
 
-        if not guarded:
-            # Without the guard a fully masked row is NaN in ONNX but zeros in torch.
-            if mask is not None and not (mask.is_const and np.isfinite(mask.data).all()):
+        nan_rows = 0
+        if not guarded and mask is not None and not (mask.is_const
+                                                     and np.isfinite(mask.data).all()):
+            # Without the guard a fully masked row is NaN in ONNX but zeros in torch: inference
+            # restores the NaN rows after the call; training leaves such attention alone.
+            if self.training:
                 return False
+            nan_rows = 1
         if mask is not None and (mask.info.dtype != q.info.dtype):
             return False
         batch = q.info.shape[:-2]
@@ -198,7 +206,7 @@ class FuseAttention:
             return False
         fused = Attention(
             Attention.Attrs(scale=float(scale), key_transposed=key_transposed,
-                            save_stats=int(self.training)),
+                            save_stats=int(self.training), nan_masked_rows=nan_rows),
             mm2.settings, [x.info for x in inputs], out.info,
         )
         extra = [graph.unique_id(f"{out.id}/logsumexp")] if self.training else []

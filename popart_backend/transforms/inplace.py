@@ -1,5 +1,6 @@
 """Switch ops to their in-place variants where no other reader can notice (PopART's InPlace
-pattern: the pass does nothing when ``Ir.patterns`` has InPlace off).
+pattern: the pass does nothing when ``Ir.patterns`` has InPlace off), in the main graph and
+the subgraph bodies, except on ops that exclude InPlace (the builder's ``excludePatterns``).
 
 An op offers variants through ``Op.inplace_variants() -> [(opid, priority)]`` (best first by
 priority; the base class offers none) and ``make_inplace(opid)``, which turns it into the variant: the same node, whose
@@ -34,17 +35,19 @@ class InplaceVariants:
     def run(self, ir: Ir) -> bool:
         if not ir.patterns.isPatternEnabled("InPlace"):
             return False  # the InPlace pattern is off (Patterns)
-        graph = ir.main
-        protected = set(graph.outputs) | set(ir.anchors)
         changed = False
-        for op in graph.topo_order():
-            for opid, _priority in sorted(op.inplace_variants(), key=lambda v: -float(v[1])):
-                modified = op.inplace_modifies(opid)
-                if all(self._safe(op, i, protected) for i in modified):
-                    _log.debug("inplace: %s becomes %s", op.debug_name, opid)
-                    op.make_inplace(opid)
-                    changed = True
-                    break
+        for graph in list(ir.graphs.values()):  # the main graph and every subgraph body
+            protected = set(graph.outputs) | set(ir.anchors)
+            for op in graph.topo_order():
+                if "InPlace" in op.settings.excluded_patterns:
+                    continue  # the builder's excludePatterns(..., ["InPlace"])
+                for opid, _priority in sorted(op.inplace_variants(), key=lambda v: -float(v[1])):
+                    modified = op.inplace_modifies(opid)
+                    if all(self._safe(op, i, protected) for i in modified):
+                        _log.debug("inplace: %s becomes %s", op.debug_name, opid)
+                        op.make_inplace(opid)
+                        changed = True
+                        break
         return changed
 
     @staticmethod

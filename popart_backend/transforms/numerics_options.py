@@ -19,10 +19,11 @@
   MatMulLhsGrad, MatMulRhsGrad, GemmGrad) with float16 operands, before the fusions, which
   leave marked ones alone; in training it runs again after autodiff for the gradient products. Their kernels then accumulate in float16 (ops/matmul.py); float32
   products are unaffected. "float" and "" keep float32 partials.
-- ``convolutionOptions["partialsType"] = "half"``: ``HalfPartialConvs`` marks the float16 1-D and
-  2-D Conv ops (class ``supports_conv_half_partials``) the same way; their kernels then sum in
-  float16 (ops/conv.py ``half_partials_conv``). In training it runs again after autodiff to
-  clear the mark the gradient ops (ConvGrad) inherited, logged once: they keep float32 partials.
+- ``convolutionOptions["partialsType"] = "half"``: ``HalfPartialConvs`` marks the float16 1-D,
+  2-D and 3-D Conv ops (class ``supports_conv_half_partials``) the same way; their kernels then
+  sum in float16 (ops/conv_partials.py), and so do the ConvGrad ops that inherit the mark. In
+  training it runs again after autodiff to clear the mark of gradient ops that cannot honour it
+  (ConvTransposeGrad), logged once: they keep float32 partials.
 - ``opxModifyChecking`` / ``opxAliasChecking``: ``KernelChecks`` (last, like the floating-point
   checks) marks every op (``OpSettings.checks``); the execution plan (device/plan.py ``modify_checked``,
   ``alias_checked``) then raises ``popart_internal_exception`` when a kernel changes an input
@@ -186,7 +187,7 @@ class HalfPartialConvs:
             for op in graph.ops.values():
                 if (op.supports_conv_half_partials and op.inputs[0] is not None
                         and op.inputs[0].info.dtype is DataType.FLOAT16
-                        and op.inputs[0].info.rank in (3, 4) and not op.settings.half_partials
+                        and op.inputs[0].info.rank in (3, 4, 5) and not op.settings.half_partials
                         and not self.unmark_unsupported):
                     _mark(op, half_partials=True)
                     changed = True

@@ -23,19 +23,23 @@ from ..ir.tensor import TensorInfo, TensorKind, TensorRole
 from ..ir.verify import verify
 from ..dtypes import DataType
 from ..ops.registry import create_op
+from ..options.enums import VirtualGraphMode
 from ..options.planning import conv_half_partials, matmul_half_partials
 from .apply_patterns import ApplyPatterns
 from .autodiff import GRADIENT_PREFIX, Autodiff
 from .const_fold import FoldConstants
 from .decompose_grad_sum import DecomposeGradSums
+from .execution_phases import ExecutionPhases
 from .fuse_attention import FuseAttention
 from .fuse_conv_act import FuseConvActivation
 from .fuse_conv_bn import FoldBatchNormIntoConv
+from .fuse_conv_bn_var import FoldVariableBatchNormIntoConv
 from .fuse_gelu import FuseGelu
 from .fuse_layer_norm import FuseLayerNorm
 from .fuse_matmul_add import FuseMatMulAdd
 from .grad_accumulation import OUTER, AccumulateGradients, ResetAccumulators, reduction_factors
 from .inplace import InplaceVariants
+from .loss_scaling import Fp32LossScale, SeedLossScaling
 from .numerics_options import (FloatingPointChecks, HalfPartialConvs, HalfPartialMatMuls,
                                KernelChecks, NonStableSoftmax, StridedGroupNorm)
 from .ipu_copy import InsertIpuCopies
@@ -63,6 +67,7 @@ def inference_passes(options=None, ipus_per_replica: int = 1,
         *numerics_passes(options),
         # Compile-time fusions (DESIGN decision 9); BN folding must precede Conv+Relu.
         FoldBatchNormIntoConv(),
+        FoldVariableBatchNormIntoConv(),  # the same with variable weights, folded at run time
         FuseConvActivation(),
         FuseMatMulAdd(),
         FuseGelu(),
@@ -82,11 +87,16 @@ def inference_passes(options=None, ipus_per_replica: int = 1,
     local_replicas = options.replicatedGraphCount if options.enableReplicatedGraphs else 1
     passes.insert(len(passes) - 1,
                   ShardVariables(options, replication_of(options), local_replicas))
-    placement = Placement(options.virtualGraphMode, ipus_per_replica, options.enablePipelining,
-                          tuple(options.virtualGraphSplitRatios))
+    placement = _placement(options, ipus_per_replica)
     # Placement follows the fusions, which keep the settings of the ops they replace.
     return [*passes, AssignVirtualGraphs(placement)] + multi_ipu_passes(
         options, placement, None, batches_per_step, "batchesPerStep") + checks
+
+
+def _placement(options, ipus_per_replica: int) -> Placement:
+    phases = options.executionPhaseSettings
+    return Placement(options.virtualGraphMode, ipus_per_replica, options.enablePipelining,
+                     tuple(options.virtualGraphSplitRatios), phases.phases, phases.stages)
 
 
 def numerics_passes(options) -> list:
@@ -140,6 +150,9 @@ def multi_ipu_passes(options, placement: Placement, loss_id: str | None, depth: 
               AssignPipelineStages(options, loss_id, depth, depth_name)]
     if loss_id is not None:
         passes.append(Recompute(options.autoRecomputation))
+    if placement.mode is VirtualGraphMode.ExecutionPhases:
+        # After recomputation: the clones run in the backward phases too.
+        passes.append(ExecutionPhases(options.executionPhaseSettings, loss_id is not None))
     return passes + [InsertPipelineStashes(), InsertIpuCopies(placement)]
 
 
@@ -159,9 +172,10 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
                                                  replication_factor)
     loss_scaling = float(optimizer.getLossScalingVal())
     const_scaling = optimizer.loss_scaling_is_const()
-    seed = loss_scaling * loss_factor if const_scaling else loss_factor
-    placement = Placement(options.virtualGraphMode, ipus_per_replica, options.enablePipelining,
-                          tuple(options.virtualGraphSplitRatios))
+    # ensureFp32LossScaleTensor: autodiff seeds without the scale, Fp32LossScale applies it.
+    fp32_scale = options.ensureFp32LossScaleTensor
+    seed = loss_scaling * loss_factor if const_scaling and not fp32_scale else loss_factor
+    placement = _placement(options, ipus_per_replica)
     # Fusions whose fused op has a gradient, before placement (they keep the settings of the
     # ops they replace) and autodiff. Virtual graphs before autodiff: every gradient op
     # inherits its forward op's IPU.
@@ -176,7 +190,9 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     passes.append(HalfPartialConvs(unmark_unsupported=True))
     if options.decomposeGradSum:
         passes.append(DecomposeGradSums())  # the gradient sums autodiff added
-    if not const_scaling:
+    if fp32_scale:
+        passes.append(Fp32LossScale(loss_id, loss_scaling, const_scaling))
+    elif not const_scaling:
         passes.append(SeedLossScaling(loss_id, loss_scaling))
     # Ir.weight_grads (set by autodiff) is rewritten by each of the next passes in turn.
     # With accumulation the optimizer runs once per weight update, in the outer fragment.
@@ -207,57 +223,6 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
         depth, depth_name = batches_per_step, "batchesPerStep"
     checks = check_passes(options)
     return passes + multi_ipu_passes(options, placement, loss_id, depth, depth_name) + checks
-
-
-class SeedLossScaling:
-    """Pass: multiply the loss gradient by the optimizer's non-const ``lossScaling_FLOAT``
-    variable, so ``updateOptimizerFromHost`` can change loss scaling without recompiling.
-
-    Before:  Gradient___loss = <const 1>
-             dx = LossGrad(Gradient___loss, x)
-    After:   Gradient___loss/seed = <const 1>
-             Gradient___loss/scaled = Mul(Gradient___loss/seed, lossScaling_FLOAT)
-             dx = LossGrad(Gradient___loss/scaled, x)
-    """
-
-    name = "seed_loss_scaling"
-    TENSOR = "lossScaling_FLOAT"  # the id the optimizer reuses (docs/training.md)
-
-    def __init__(self, loss_id: str, value: float):
-        self.loss_id = loss_id
-        self.value = value
-
-    def run(self, ir) -> bool:
-        graph = ir.main
-        seed = graph.tensors.get(GRADIENT_PREFIX + self.loss_id)
-        if seed is None or not seed.is_const:
-            raise popart_exception(
-                f"seed_loss_scaling: the loss gradient '{GRADIENT_PREFIX + self.loss_id}' was not "
-                f"created by autodiff; a tensor of the model already uses that name."
-            )
-        scaling = graph.tensors.get(self.TENSOR)
-        if scaling is None:
-            scaling = graph.add_tensor(self.TENSOR, TensorInfo(DataType.FLOAT, ()),
-                                       TensorKind.VARIABLE, np.array(self.value, np.float32))
-            scaling.role = TensorRole.OPTIMIZER_PARAM
-        factor = self.TENSOR
-        if seed.info.dtype is not DataType.FLOAT:
-            factor = self._add(graph, "Cast", [self.TENSOR], f"{self.TENSOR}/cast",
-                               to=int(seed.info.dtype.onnx))
-        unscaled = graph.add_const(graph.unique_id(f"{seed.id}/seed"), seed.data)
-        scaled = self._add(graph, "Mul", [unscaled.id, factor], f"{seed.id}/scaled")
-        graph.replace_all_uses(seed, graph.tensor(scaled))
-        graph.remove_tensor(seed)
-        if seed.id in ir.anchors:  # an anchored loss gradient keeps its name
-            self._add(graph, "Identity", [scaled], seed.id)
-        return True
-
-    @staticmethod
-    def _add(graph, op_type: str, inputs: list[str], output: str, **attrs) -> str:
-        out = graph.unique_id(output)
-        op = create_op(op_type, attrs, OpSettings(name=out), where=out)
-        graph.add_op(op, inputs, [out])
-        return out
 
 
 class ApplyOptimizer:

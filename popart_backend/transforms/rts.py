@@ -1,5 +1,5 @@
-"""Replicated tensor sharding (step 4): variables stored as
-per-replica shards, gradients reduce-scattered, the optimizer run on shards.
+"""Replicated tensor sharding as PopART does it: the optimizer state and the weight update are
+split over the replicas; the weights stay whole on every replica.
 
 A variable whose resolved location has ``replicatedTensorSharding`` On (``tensor_locations``:
 never activations, never below ``minElementsForReplicatedTensorSharding``, never without
@@ -8,41 +8,52 @@ Consecutive(k): replicas {0..k-1}, {k..2k-1}, ...). Each replica stores one shar
 (``ops.collectives.ShardLayout``: the last shards carry one zero pad). In the IR the variable
 keeps its id, its info becomes the shard, its ``data`` stays the full host value and
 ``Ir.sharded_variables`` records the ``Sharding``; the device splits host values into shards
-(weightsFromHost) and joins them back (weightsToHost, readWeights).
+(weightsFromHost) and joins them back (weightsToHost, readWeights). The variables stored as
+shards are optimizer state and accumulators; weights never are.
 
-Per trained weight w, its optimizer state shares its sharding: the tensors of one optimizer
-instance share a domain, so the update runs on shards when w or any of its optimizer
-state is sharded, and then all of them are. Then:
+Per trained weight w, the tensors of one optimizer instance share a domain: when w (through
+``weightTensorLocationSettings``) or any of its optimizer state asks for RTS, all its state is
+stored sharded and its update runs on shards. Then, where the optimizer runs (every micro-batch,
+or once per weight update in the accumulate outer fragment):
 
 - the gradient all-reduce becomes ``ReplicatedReduceScatter`` over the domain (followed by a
   ``ReplicatedAllReduce`` over the other groups when the domain is smaller than the replicas),
   so each replica gets the summed gradient of its own shard;
-- the update op (SGD, Adam, Adaptive: element-wise) runs on the shards of w and its state;
+- ``w/shard = ReplicatedReduceScatter(w, local)`` takes this replica's shard of the whole weight
+  (PopART's Local collective operator: no sum, nothing crosses the IPU-Links);
+- the update op (SGD, Adam, Adaptive: element-wise) runs on ``w/shard`` and the state shards;
+- ``w/gathered = ReplicatedAllGather(updated shard)`` and ``CopyVarUpdate(w, w/gathered)`` put
+  the updated whole weight back on every replica, once per weight update;
 - Lamb scales by ‖w‖ and ‖u‖ of the whole weight: ``LambSquareNorms`` gives each replica's
   (Σw², Σu²) of its shard (zero pads add nothing), a ``ReplicatedAllReduce`` over the domain
   sums them, and the update (``sharded_norms``) takes the ratio from the sums;
 - a ``GlobalNormClipFactor`` reading sharded gradients reads instead, per domain,
   ``ReplicatedAllReduce(GradientSquareSum(shards...))``: the sum of squares of those whole
-  gradients (the other gradients are whole on every replica and enter as before);
-- the forward and backward ops read ``w/gathered = ReplicatedAllGather(w)``, the full weight.
+  gradients (the other gradients are whole on every replica and enter as before).
+
+The forward and backward passes read the whole weight, so nothing is gathered per micro-batch
+and pipeline stashes never hold gathered copies.
 
 An accumulator ``Accum___w`` is sharded on its own: the gradient is reduce-scattered every
 micro-batch and accumulated into the shard; the outer fragment reads the shard (sharded update)
-or all-gathers it (unsharded update). Untrained weights are sharded and all-gathered before use.
-Running statistics differ between replicas and are never sharded.
+or all-gathers it (unsharded update). Weights without an update (inference, frozen weights)
+stay whole; RTS asked for them is logged as having no effect. Running statistics differ between
+replicas and are never sharded.
 
 Not supported (popart_exception): anchors on a sharded tensor (read it with weightsToHost /
 readWeights).
 
-Before (rf = 2, no accumulation, w f32[5,6] sharded over All):
+Before (rf = 2, no accumulation, w f32[5,6], its momentum sharded over All):
   Gradient___w/allreduced = ReplicatedAllReduce(Gradient___w)
   y = MatMul(x, w)
   UpdatedVar___w = SGDUpdate(w, Gradient___w/allreduced, Accl___w)      # f32[5,6]
 After:
-  w/gathered = ReplicatedAllGather(w)                                  # f32[15] -> f32[5,6]
-  y = MatMul(x, w/gathered)
+  y = MatMul(x, w)                                                     # w f32[5,6], whole
   Gradient___w/scattered = ReplicatedReduceScatter(Gradient___w)       # f32[15]
-  UpdatedVar___w = SGDUpdate(w, Gradient___w/scattered, Accl___w)      # f32[15]
+  w/shard = ReplicatedReduceScatter(w, local)                          # f32[15]
+  UpdatedVar___w = SGDUpdate(w/shard, Gradient___w/scattered, Accl___w)  # Accl___w f32[15]
+  w/gathered = ReplicatedAllGather(UpdatedVar___w)                     # f32[5,6]
+  UpdatedVar___w/whole = CopyVarUpdate(w, w/gathered)
 """
 
 from __future__ import annotations
@@ -68,6 +79,7 @@ __all__ = ["ShardVariables", "Sharding"]
 _log = logging.getLogger("popart:transform")
 GATHERED_SUFFIX = "/gathered"
 SCATTERED_SUFFIX = "/scattered"
+SHARD_SUFFIX = "/shard"
 _LAMB_MODES = ("Lamb", "LambNoBias")
 _SETTINGS_FIELDS = ("weightTensorLocationSettings", "optimizerStateTensorLocationSettings",
                     "accumulatorTensorLocationSettings", "activationTensorLocationSettings")
@@ -116,8 +128,9 @@ class ShardVariables:
 
     Runs after the optimizer and the accumulator reset, and reads what they left on the Ir:
     ``weight_grads`` (the tensors the updates read; rewritten to the shards they read now),
-    ``optimizer_tensors`` (state and updated ids) and ``accumulators``. In an inference
-    session these are empty: only the storage of weights is sharded.
+    ``optimizer_tensors`` (state and updated ids; the updated id of a sharded update becomes
+    its ``CopyVarUpdate``) and ``accumulators``. In an inference session these are empty and
+    nothing is sharded.
     """
 
     name = "shard_variables"
@@ -143,7 +156,7 @@ class ShardVariables:
         tensors = ir.optimizer_tensors
         trained = dict(ir.weight_grads)
         accumulators = {w: a.tensor_id for w, a in ir.accumulators.items()}
-        sharded_updates: list[str] = []
+        sharded_updates: dict[str, Sharding] = {}  # weight -> how its update is split
         for weight_id in trained:
             state = [t for t in tensors.state.get(weight_id, ())
                      if graph.tensors[t].role is TensorRole.OPTIMIZER_STATE]
@@ -151,33 +164,40 @@ class ShardVariables:
             asked = [t for t in members if t in wanted]
             if asked:
                 sharding = self._sharding(graph, asked, wanted, "its optimizer instance")
-                for t in members:
+                for t in state:
                     plan[t] = self._with_info(sharding, graph, t)
-                sharded_updates.append(weight_id)
+                sharded_updates[weight_id] = self._with_info(sharding, graph, weight_id)
                 if len(asked) < len(members):
                     _log.info("shard_variables: %s sharded with %s (one optimizer instance "
                               "shares its sharding)", sorted(set(members) - set(asked)), asked)
             accum = accumulators.get(weight_id)
             if accum is not None and accum in wanted:
                 sharding = self._sharding(graph, [accum], wanted, "the accumulator")
-                if weight_id in plan and plan[weight_id].domain != sharding.domain:
+                update = sharded_updates.get(weight_id)
+                if update is not None and update.domain != sharding.domain:
                     raise popart_exception(
                         f"Accumulator '{accum}' is sharded over {_domain(sharding.domain)} but "
                         f"weight '{weight_id}' and its optimizer state over "
-                        f"{_domain(plan[weight_id].domain)}; the tensors of one optimizer "
+                        f"{_domain(update.domain)}; the tensors of one optimizer "
                         f"instance must share a sharding domain."
                     )
                 plan[accum] = sharding
+        untrained: list[str] = []
         for tid in wanted:
-            if tid in plan or tid in accumulators.values():
+            if tid in plan or tid in sharded_updates or tid in accumulators.values():
                 continue
             tensor = graph.tensors[tid]
             if tensor.role is TensorRole.WEIGHT and tid not in trained:
-                plan[tid] = self._sharding(graph, [tid], wanted, "the weight")
-            else:
+                untrained.append(tid)
+            elif tensor.role is not TensorRole.WEIGHT:
                 _log.info("shard_variables: '%s' (%s) is not sharded: only weights, their "
                           "optimizer state and accumulators are equal on every replica",
                           tid, tensor.role.value if tensor.role else "-")
+        if untrained:
+            _log.warning("shard_variables: replicatedTensorSharding has no effect on %d weight(s) "
+                         "without a weight update (%s): weights stay whole on every replica; "
+                         "sharding splits only the optimizer state and the weight update.",
+                         len(untrained), ", ".join(sorted(untrained)[:5]))
         changed = self._rewrite(ir, plan, sharded_updates, trained, accumulators)
         self._check_anchors(ir, changed)
         for tid, sharding in plan.items():
@@ -223,39 +243,25 @@ class ShardVariables:
 
     # --- rewriting ------------------------------------------------------------------------
 
-    def _rewrite(self, ir: Ir, plan: dict[str, Sharding], sharded_updates: list[str],
+    def _rewrite(self, ir: Ir, plan: dict[str, Sharding], sharded_updates: dict[str, Sharding],
                  trained: dict[str, str], accumulators: dict[str, str]) -> set[str]:
-        """Shard the variables of ``plan``; returns the ids whose info changed."""
+        """Shard the variables of ``plan`` and split the updates of ``sharded_updates``;
+        returns the ids whose info changed."""
         graph = ir.main
         updates = ir.optimizer_tensors.updated if ir.optimizer_tensors is not None else {}
         update_ops = {w: graph.tensors[updates[w]].producer for w in sharded_updates}
         touched: set[str] = set()
-        # Readers of each sharded variable, taken before any op is added.
-        readers = {tid: [op for op in graph.tensors[tid].consumers if not _writes(op, tid)]
-                   for tid in plan}
         for tid, sharding in plan.items():
             graph.tensors[tid].info = sharding.shard_info
             touched.add(tid)
         ir.sharded_variables.update(plan)
-        for weight_id, sharding in plan.items():
-            tensor = graph.tensors[weight_id]
-            if tensor.role is not TensorRole.WEIGHT:
-                continue
-            full_readers = readers[weight_id]  # its update writes it, so is not among them
-            if full_readers:
-                gathered = self._add(graph, "ReplicatedAllGather", [weight_id],
-                                     weight_id + GATHERED_SUFFIX, ExecutionContext.Normal,
-                                     sharding, shape=tuple(sharding.full_info.shape),
-                                     num_shards=sharding.num_shards)
-                for op in full_readers:
-                    for i, t in enumerate(op.inputs):
-                        if t is not None and t.id == weight_id:
-                            graph.replace_input(op, i, gathered)
+        for weight_id, op in update_ops.items():
+            touched.add(self._slice_weight(graph, weight_id, op, sharded_updates[weight_id]))
         shard_grads: dict[str, Sharding] = {}  # sharded gradient the update reads -> sharding
         for weight_id, grad_id in trained.items():
             accum = accumulators.get(weight_id)
             accum_sharding = plan.get(accum) if accum is not None else None
-            update_sharding = plan.get(weight_id)
+            update_sharding = sharded_updates.get(weight_id)
             if accum_sharding is None and update_sharding is None:
                 continue
             reduced, changed = self._rewrite_reduction(graph, weight_id, grad_id, accum,
@@ -267,10 +273,41 @@ class ShardVariables:
         changed = _propagate(graph, touched) | set(plan)
         for weight_id, op in update_ops.items():
             if getattr(op.attrs, "mode", None) in _LAMB_MODES:
-                self._shard_lamb_norms(graph, op, plan[weight_id])
+                self._shard_lamb_norms(graph, op, sharded_updates[weight_id])
         for op in list(graph.ops_of_type("GlobalNormClipFactor")):
             self._shard_clip_norm(graph, op, shard_grads)
+        for weight_id, op in update_ops.items():
+            updates[weight_id] = self._gather_update(graph, weight_id, op,
+                                                     sharded_updates[weight_id])
         return changed
+
+    def _slice_weight(self, graph: Graph, weight_id: str, update: Op,
+                      sharding: Sharding) -> str:
+        """Make ``update`` (which wrote the whole ``weight_id`` in place) update this replica's
+        shard of it instead: ``w/shard = ReplicatedReduceScatter(w, local)``. Returns the
+        shard's id."""
+        shard = self._add(graph, "ReplicatedReduceScatter", [weight_id],
+                          weight_id + SHARD_SUFFIX, update.settings.execution_context, sharding,
+                          ipu=update.settings.ipu, num_shards=sharding.num_shards, local=True)
+        graph.replace_input(update, 0, shard)
+        return shard
+
+    def _gather_update(self, graph: Graph, weight_id: str, update: Op,
+                       sharding: Sharding) -> str:
+        """All-gather the updated shards and copy the whole weight back into ``weight_id``,
+        once per weight update; returns the id of the updated weight."""
+        context = update.settings.execution_context
+        gathered = self._add(graph, "ReplicatedAllGather", [update.outputs[0].id],
+                             weight_id + GATHERED_SUFFIX, context, sharding,
+                             ipu=update.settings.ipu, shape=tuple(sharding.full_info.shape),
+                             num_shards=sharding.num_shards)
+        out = graph.unique_id(update.outputs[0].id + "/whole")
+        copy = create_op("CopyVarUpdate", {},
+                         OpSettings(name=out, execution_context=context,
+                                    ipu=update.settings.ipu),
+                         domain=AI_GRAPHCORE, where=out)
+        graph.add_op(copy, [weight_id, gathered], [out])
+        return out
 
     def _rewrite_reduction(self, graph: Graph, weight_id: str, grad_id: str, accum: str | None,
                            accum_sharding: Sharding | None, update_sharding: Sharding | None,

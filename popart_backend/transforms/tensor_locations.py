@@ -24,6 +24,10 @@ Per tensor:
 5. An off-chip activation whose readers all run right after its producer has no window to be
    moved off chip: it stays OnChip. A device without streaming memory keeps everything OnChip.
 
+Execution phases (transforms/execution_phases.py) make the streaming explicit: a tensor only
+RemoteLoad / RemoteStore ops read (a streamed weight, an activation's remote buffer) is OffChip
+whatever the settings ("streamed per execution phase").
+
 Every decision is logged at debug on ``popart:transform``.
 
 Example (optimizerStateTensorLocationSettings = OffChip, Adam on w f32[64,64]):
@@ -57,6 +61,7 @@ __all__ = [
     "TensorType",
     "output_locations_from_model",
     "resolve_tensor_locations",
+    "streamed_by_phases",
 ]
 
 _log = logging.getLogger("popart:transform")
@@ -195,7 +200,9 @@ def resolve_tensor_locations(graph: Graph, order: Sequence[Op], options: Session
         if tensor.id in aliases:
             continue
         kind, fixed_reason = classify(tensor)
-        if kind is None:
+        if streamed_by_phases(tensor):
+            resolved = _phase_streamed(tensor, kind, has_streaming_memory)
+        elif kind is None:
             resolved = ResolvedLocation(tensor.id, None, TensorLocation(),
                                         f"OnChip: {fixed_reason}")
         else:
@@ -216,6 +223,22 @@ def resolve_tensor_locations(graph: Graph, order: Sequence[Op], options: Session
                 _log.debug("tensor_locations: '%s' (%s): %s", r.tensor_id,
                            r.tensor_type.value if r.tensor_type else "-", r.reason)
     return result
+
+
+def streamed_by_phases(tensor: Tensor) -> bool:
+    """A tensor only RemoteLoad / RemoteStore ops read: a weight or activation buffer the
+    execution-phase pass (transforms/execution_phases.py) keeps in streaming memory."""
+    return bool(tensor.consumers) and all(op.remote_transfer for op in tensor.consumers)
+
+
+def _phase_streamed(tensor: Tensor, kind: TensorType | None,
+                    has_streaming_memory: bool) -> ResolvedLocation:
+    kind = kind or TensorType.Activation  # an activation's buffer (made by Init)
+    if not has_streaming_memory:
+        return ResolvedLocation(tensor.id, kind, TensorLocation(),
+                                "OnChip: streamed per execution phase" + _NO_STREAMING)
+    return ResolvedLocation(tensor.id, kind, TensorLocation(TensorStorage.OffChip),
+                            "OffChip: streamed per execution phase (RemoteLoad / RemoteStore)")
 
 
 def _resolve(tensor: Tensor, kind: TensorType, options: SessionOptions,

@@ -8,7 +8,9 @@ inherits its forward op's IPU) and applies ``SessionOptions.virtualGraphMode``:
   each must name an IPU of the replica.
 - ``Auto``: the forward ops, in schedule order, are cut into at most ``ipus per replica``
   contiguous parts of balanced estimated cost (``Op.cost()``: FLOPs + bytes moved).
-- ``ExecutionPhases``: not built (issue #6 models execution phases).
+- ``ExecutionPhases``: every forward op has an execution phase (the builder's
+  ``executionPhase``) below ``executionPhaseSettings.phases``, and phase p runs on IPU
+  ``p % executionPhaseSettings.stages``; transforms/execution_phases.py does the rest.
 
 It also records which ops form the forward graph (``Ir.forward_op_ids``), for the pipelining
 and recomputation passes.
@@ -26,7 +28,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import NotImplementedOptionError, popart_exception
+from ..errors import popart_exception
 from ..ir.graph import Graph
 from ..ir.op import ExecutionContext, Op
 from ..options.enums import VirtualGraphMode
@@ -44,6 +46,9 @@ class Placement:
     pipelining: bool = False
     # SessionOptions.virtualGraphSplitRatios: Auto's share of the cost per IPU (empty: balance).
     split_ratios: tuple[float, ...] = ()
+    # SessionOptions.executionPhaseSettings (VirtualGraphMode.ExecutionPhases only).
+    phases: int = 0
+    phase_stages: int = 2
 
     @property
     def sharded(self) -> bool:
@@ -84,10 +89,8 @@ class AssignVirtualGraphs:
                     changed = True
             return changed
         if mode is VirtualGraphMode.ExecutionPhases:
-            raise NotImplementedOptionError(
-                "virtualGraphMode = VirtualGraphMode.ExecutionPhases is not built yet: the simulated "
-                "IPU does not model execution phases. Use VirtualGraphMode.Manual or Auto."
-            )
+            self._phases(order)
+            return True
         if self.placement.split_ratios and mode is not VirtualGraphMode.Auto:
             _log.warning("SessionOptions.virtualGraphSplitRatios = %s has no effect: only "
                          "VirtualGraphMode.Auto splits the graph (this session uses %s).",
@@ -97,6 +100,46 @@ class AssignVirtualGraphs:
         else:
             self._auto(order)
         return True
+
+    def _phases(self, order: list[Op]) -> None:
+        """ExecutionPhases: check the forward ops' phases, place phase p on IPU p % stages."""
+        phases, stages = self.placement.phases, self.placement.phase_stages
+        n = self.placement.ipus_per_replica
+        if self.placement.pipelining:
+            raise popart_exception(
+                "enablePipelining = True cannot be combined with virtualGraphMode = "
+                "VirtualGraphMode.ExecutionPhases: phases run one after another. Turn one off."
+            )
+        if not 1 <= stages <= n:
+            raise popart_exception(
+                f"executionPhaseSettings.stages = {stages}, but the device has {n} IPU(s) per "
+                f"replica: phase p runs on IPU p % stages, so stages must be between 1 and {n}. "
+                f"Lower executionPhaseSettings.stages or acquire more IPUs."
+            )
+        unphased = [op for op in order if op.settings.execution_phase is None]
+        if unphased:
+            names = ", ".join(op.debug_name for op in unphased[:5])
+            raise popart_exception(
+                f"virtualGraphMode = VirtualGraphMode.ExecutionPhases needs an execution phase on "
+                f"every op; {len(unphased)} of {len(order)} have none: {names}"
+                f"{' ...' if len(unphased) > 5 else ''}. Annotate them with "
+                f"builder.executionPhase(...)."
+            )
+        for op in order:
+            if not 0 <= op.settings.execution_phase < phases:
+                raise popart_exception(
+                    f"{op.debug_name} is in execution phase {op.settings.execution_phase}, but "
+                    f"executionPhaseSettings.phases = {phases} (phases 0..{phases - 1}). Set "
+                    f"executionPhaseSettings.phases to the number of phases the model uses."
+                )
+        moved = [op for op in order if op.settings.ipu is not None
+                 and op.settings.ipu != op.settings.execution_phase % stages]
+        if moved:
+            _log.warning("virtualGraphMode = ExecutionPhases places phase p on IPU p %% %d: the "
+                         "virtualGraph annotation of %d op(s) (%s ...) is replaced.", stages,
+                         len(moved), moved[0].debug_name)
+        for op in order:
+            set_placement(op, ipu=op.settings.execution_phase % stages)
 
     def _check_manual(self, order: list[Op]) -> None:
         n = self.placement.ipus_per_replica

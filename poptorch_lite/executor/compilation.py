@@ -2,9 +2,9 @@
 signature.
 
 ``CompileMixin`` gives ``PoplarExecutor`` its compile side: binding a call to ``forward``'s
-signature, the executable cache keyed by input signature (a new signature compiles again, with a
-warning), tracing with the train/eval flags the model had when wrapped, stage / IPU placement,
-device acquisition and the ``InferenceSession`` / ``TrainingSession`` built from the traced ONNX
+signature, the executable keyed by input signature (one per wrapper: a call with other inputs
+is an ``Error``, as in PopTorch), tracing with the train/eval flags the model had when wrapped,
+stage / IPU placement, device acquisition and the ``InferenceSession`` / ``TrainingSession`` built from the traced ONNX
 model. ``_Executable`` is one compiled signature. Also here: the compile hooks
 (``registerPreCompileHook`` / ``registerPostCompileHook``), ``find_loss``
 (the traced loss) and ``backend_error`` (a backend exception with the user's source line).
@@ -25,6 +25,7 @@ import popart_backend as popart
 
 from .. import blocks, optimizer_translation, tracing
 from ..errors import Error
+from ..ops.ipu import apply_io_overlap
 from ..options.enums import OutputMode
 from .distributed import _init_distributed
 
@@ -66,6 +67,8 @@ class _Executable:
         self.placement: blocks.Placement | None = None  # stages and IPUs
         # Per module of the model: the buffer names it had when compiled (see check_buffers).
         self.buffer_layout: list[tuple[str, torch.nn.Module, tuple[str, ...]]] = []
+        # The buffer tensors themselves: a buffer reassigned on the host is caught too.
+        self.buffer_tensors: dict[str, torch.Tensor] = {}
         # Per distinct output name: (name, host shape or None when the anchor array has it
         # already, narrowed dtype or None), built on the first run from the anchor arrays
         # (their sizes are fixed by the compiled session).
@@ -98,23 +101,14 @@ class CompileMixin:
         key = signature.key()
         executable = self._executables.get(key)
         if executable is None:
-            change = ""
-            if self._executables:
+            if self._active is not None:
+                # As PopTorch: a compiled wrapper takes only the inputs it was compiled for.
                 change = _diff(self._active.traced.signature, signature)
-                warnings.warn(
-                    f"The inputs differ from those used to compile ({change}); "
-                    f"recompiling for the new input signature. Keep input shapes fixed (e.g. "
-                    f"drop_last=True) to avoid recompilation.", UserWarning, stacklevel=4)
-            try:
-                executable = self._compile(leaves, signature)
-            except Error as exc:
-                if not change or exc.type != "trace_error":
-                    raise
-                raise Error(f"The inputs differ from those used to compile ({change}), and "
-                            f"forward fails on the new inputs, so the model cannot be "
-                            f"recompiled for them: {exc.message}\nPass inputs of the compiled "
-                            f"shapes and dtypes.", type="input_changed",
-                            location=exc.location) from exc
+                raise Error(f"The inputs differ from those used to compile: {change}. "
+                            f"A compiled wrapper only takes inputs of the compiled structure, "
+                            f"shapes, dtypes and constant values; build a new wrapper or call "
+                            f"destroy() to recompile.", type="input_changed")
+            executable = self._compile(leaves, signature)
             self._executables[key] = executable
             self._switch_to(executable, fresh=True)
         elif executable is not self._active:
@@ -164,6 +158,7 @@ class CompileMixin:
         executable.anchored = anchored
         executable.buffer_layout = [(path, m, tuple(m._buffers))
                                     for path, m in self._user_model.named_modules()]
+        executable.buffer_tensors = dict(self._user_model.named_buffers())
         self.__dict__["_compile_seconds"] = time.monotonic() - start
         _log.info("compiled the %s model in %.2f s", kind, self._compile_seconds)
         if not self._offline():
@@ -185,6 +180,13 @@ class CompileMixin:
         finally:
             for name, module in modules.items():
                 module.training = saved[name]
+
+    def _device_seed(self) -> int:
+        """``Options.randomSeed`` or, unset, torch's ``initial_seed()`` as PopTorch does, so a
+        ``torch.manual_seed(s)`` before compiling makes the device's random ops reproducible."""
+        if self._options.random_seed is not None:
+            return self._options.random_seed
+        return torch.initial_seed() % 2**63
 
     def _place(self, traced: tracing.TracedModel) -> blocks.Placement:
         """Stages and IPUs from the traced blocks and the execution strategy."""
@@ -245,17 +247,27 @@ class CompileMixin:
         period = self._options.output_return_period
         n = self._options.device_iterations
         art = _anchor_art(mode, period, n, f"outputMode(EveryN, {period})")
-        anchors = {name: art for name in dict.fromkeys(traced.output_names)}
+        session_options = self._options.to_backend(self._training)
+        # set_overlap_for_input/output: IO-tile streams (inputs in the model's metadata).
+        overlapped, overlap = apply_io_overlap(traced.proto, session_options.numIOTiles)
+        if overlap:  # overlapped IO runs in explicit loops with host-copy ops (PopART's rule)
+            session_options.useHostCopyOps = True
+            session_options.enableExplicitMainLoops = True
+        anchors = {name: _anchor_art(mode, period, n, f"outputMode(EveryN, {period})",
+                                     overlapped[name]) if name in overlapped else art
+                   for name in dict.fromkeys(traced.output_names)}
         # An input's new value is read back for every micro-batch, whatever the output mode.
         anchors.update({name: popart.AnchorReturnType("All") for _, name in traced.input_updates})
         anchored = self._anchored_tensors(anchors)
         data_flow = popart.DataFlow(n, anchors)
-        session_options = self._options.to_backend(self._training)
         # wrapper.rng_state reads and writes the device RNG (getRNGState / setRNGState).
         session_options.enableLoadAndOffloadRNGState = True
         if placement.multi_ipu:
             session_options.virtualGraphMode = popart.VirtualGraphMode.Manual
             session_options.enablePipelining = placement.pipelined
+        elif session_options.numIOTiles:
+            # IO tiles split each IPU's graph: the backend needs virtual graphs for that.
+            session_options.virtualGraphMode = popart.VirtualGraphMode.Auto
         profiling_dir = self._options.profiling_dir
         if profiling_dir is not None:
             session_options.engineOptions = {**session_options.engineOptions,
@@ -273,8 +285,7 @@ class CompileMixin:
                                                   patterns=self._options.backend_patterns(),
                                                   userOptions=session_options,
                                                   name=self._options.model_name or "inference")
-            if self._options.random_seed is not None:
-                session.setRandomSeed(self._options.random_seed)
+            session.setRandomSeed(self._device_seed())
             session.prepareDevice()
             if not self._offline():
                 session.weightsFromHost()
@@ -405,11 +416,14 @@ class CompileMixin:
         return held
 
 
-def _anchor_art(mode: OutputMode, period: int, n: int, what: str):
+def _anchor_art(mode: OutputMode, period: int, n: int, what: str, io_strategy=None):
+    """The anchor of an output mode; with ``io_strategy`` streamed through the IO tiles."""
     if mode is OutputMode.EveryN and n % period:
         raise Error(f"{what}: the period must divide deviceIterations ({n}).")
-    return (popart.AnchorReturnType("EveryN", period) if mode is OutputMode.EveryN
-            else popart.AnchorReturnType(_ART[mode]))
+    where = () if io_strategy is None else (
+        popart.TileSet.IO, popart.ExchangeStrategy[io_strategy])
+    return (popart.AnchorReturnType("EveryN", period, *where) if mode is OutputMode.EveryN
+            else popart.AnchorReturnType(_ART[mode], *where))
 
 
 def check_buffers(executable: _Executable) -> None:
@@ -429,16 +443,42 @@ def check_buffers(executable: _Executable) -> None:
                 f"model cannot see the change. Register buffers in __init__, before the first "
                 f"call, or wrap the changed model in a new wrapper (destroy() this one first).",
                 type="buffer_changed")
+    if executable.buffer_tensors:
+        current = dict(executable.buffer_layout[0][1].named_buffers())
+        replaced = [name for name, tensor in executable.buffer_tensors.items()
+                    if name in current and current[name] is not tensor]
+        if replaced:
+            raise Error(
+                f"The model's buffer(s) {', '.join(repr(n) for n in replaced)} were reassigned "
+                f"(a new tensor object) after the model was compiled; the compiled model keeps "
+                f"the old tensor and would not see the new values. Update buffers in place "
+                f"(e.g. model.{replaced[0]}.copy_(new_value)) and call "
+                f"wrapper.copyWeightsToDevice(), or wrap the model in a new wrapper.",
+                type="buffer_changed")
 
 
 def _diff(old: tracing.InputSignature, new: tracing.InputSignature) -> str:
-    if str(old.treedef) != str(new.treedef):
-        return f"structure {old.treedef} became {new.treedef}"
+    """What changed between the compiled inputs and a call's, argument by argument."""
+    before = {leaf.path: leaf for leaf in old.leaves}
+    after = {leaf.path: leaf for leaf in new.leaves}
     parts = []
-    for a, b in zip(old.leaves, new.leaves):
-        if a.describe() != b.describe():
-            parts.append(f"input {a.path}: compiled with {a.describe()}, got {b.describe()}")
-    return "; ".join(parts) or "input signature changed"
+    for path, leaf in before.items():
+        if path not in after:
+            parts.append(f"input {path}: expected {leaf.describe()}, got nothing (missing)")
+        elif leaf.describe() != after[path].describe():
+            parts.append(f"input {path}: expected {leaf.describe()}, "
+                         f"got {after[path].describe()}")
+    extra = [path for path in after if path not in before]
+    if extra:
+        shown = ", ".join(f"{path}={after[path].describe()}" for path in extra[:4])
+        more = f" and {len(extra) - 4} more" if len(extra) > 4 else ""
+        parts.append(f"inputs not in the compiled signature: {shown}{more}")
+    if not parts:
+        parts.append(f"the container structure differs: expected {old.treedef}, "
+                     f"got {new.treedef}")
+    if len(parts) > 6:
+        parts = parts[:6] + [f"{len(parts) - 6} more"]
+    return "; ".join(parts)
 
 
 def find_loss(traced: tracing.TracedModel) -> str:

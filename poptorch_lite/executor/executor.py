@@ -380,6 +380,35 @@ for _name in _LOCKED_MEMBERS:
     setattr(PoplarExecutor, _name, _member)
 
 
+def backend_tensor_id(x) -> str:
+    """The backend tensor id of ``x``: a parameter or buffer (the tensor itself, or its name
+    in the model) of a model held by a live compiled wrapper. See ``getIpuTensorId``."""
+    found = set()
+    for wrapper in list(_LIVE):
+        executable = wrapper.__dict__.get("_active")
+        if executable is None:
+            continue
+        state = dict(wrapper._user_model.named_parameters(remove_duplicate=False))
+        state.update(wrapper._user_model.named_buffers(remove_duplicate=False))
+        names = [n for n, t in state.items() if (t is x if isinstance(x, torch.Tensor)
+                                                   else n == x)]
+        for onnx_name, fqn in executable.traced.param_map.items():
+            if fqn in names:
+                found.add(onnx_name)
+    what = repr(x) if isinstance(x, str) else f"a {type(x).__name__} of shape " \
+        f"{list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+    if len(found) == 1:
+        return found.pop()
+    if found:
+        raise Error(f"getIpuTensorId({what}): the tensor is held by several compiled wrappers "
+                    f"under different ids {sorted(found)}; destroy() the ones you no longer "
+                    f"use, or read wrapper.getTensorNames().")
+    raise Error(f"getIpuTensorId({what}): no compiled wrapper holds this tensor. Give a "
+                f"parameter or buffer of a wrapped model (the tensor or its name, e.g. "
+                f"'fc.weight') after the wrapper has compiled; other tensors of forward have "
+                f"backend ids listed by wrapper.getTensorNames().")
+
+
 def poptorchAtExit() -> None:  # noqa: N802 - PopTorch's name
     """Detach every live wrapper from its simulated IPUs (run at interpreter exit): training
     wrappers read their weights and optimizer state back first, as detachFromDevice() does."""

@@ -144,7 +144,7 @@ class IntrospectionMixin:
             self._warn_once("copyNamedBuffersToDevice",
                             f"copyNamedBuffersToDevice(): {unused} are not used by the compiled "
                             f"model, so copying them has no effect.")
-        arrays = {on_device[n]: np.ascontiguousarray(buffers[n].detach().cpu().numpy())
+        arrays = {on_device[n]: np.array(buffers[n].detach().cpu().numpy(), order="C")
                   for n in names if n in on_device}
         if not arrays:
             return

@@ -68,7 +68,7 @@ class StateSyncMixin:
         self._link.pull()
         self._check_int64_state(executable.traced.param_map.values())
         state = self._state_tensors()
-        arrays = {onnx_name: np.ascontiguousarray(state[fqn].detach().cpu().numpy())
+        arrays = {onnx_name: np.array(state[fqn].detach().cpu().numpy(), order="C")
                   for onnx_name, fqn in executable.device_weights.items()}
         session = executable.session
         if self._training and self._attached:

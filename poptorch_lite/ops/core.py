@@ -108,7 +108,8 @@ def _print_tensor_setup(ctx, inputs, output):
 
 def _print_tensor_backward(ctx, grad):
     if ctx.print_gradient:
-        print(f"{ctx.title}_gradient", grad)
+        # The title PopART gives a printed gradient, as the device prints it.
+        print(f"Gradient___{ctx.title}", grad)
     return grad, None, None
 
 

@@ -1,5 +1,5 @@
 """IPU tensor ops inside ``forward`` (P62): run-time slicing, serialised matmuls, recomputation
-checkpoints, IO overlap, CTC beam search; ``fps`` / ``nearest`` are refused.
+checkpoints, IO overlap, CTC beam search (``fps`` / ``nearest`` live in ``cluster.py``).
 
 Each traced op is a ``torch.library`` custom op (eager kernel, fake kernel, autograd) whose ONNX
 translation writes the backend's node: ``ai.graphcore::DynamicSlice`` / ``DynamicUpdate``,
@@ -9,7 +9,6 @@ translation writes the backend's node: ``ai.graphcore::DynamicSlice`` / ``Dynami
 
 from __future__ import annotations
 
-import logging
 import math
 
 import onnx
@@ -19,6 +18,7 @@ from onnxscript import ir
 from onnxscript import opset18 as op
 from onnxscript import values as onnxscript_values
 
+from ..blocks import isRunningOnIpu
 from ..enums import MatMulSerializationMode, OverlapMode
 from ..errors import Error
 
@@ -26,28 +26,18 @@ __all__ = [
     "ctc_beam_search_decoder",
     "dynamic_slice",
     "dynamic_update",
-    "fps",
-    "nearest",
     "recomputationCheckpoint",
     "serializedMatMul",
     "set_overlap_for_input",
     "set_overlap_for_output",
 ]
 
-_log = logging.getLogger("poptorch_lite")
 GRAPHCORE = "ai.graphcore"
 _GC = onnxscript_values.Opset(GRAPHCORE, 1)
 _CHECKPOINT = 1  # the backend's RecomputeType.Checkpoint
-_logged: set[str] = set()
 
 _FLOATS = ["tensor(float)", "tensor(float16)", "tensor(double)", "tensor(bfloat16)"]
 _INTS = ["tensor(int8)", "tensor(int16)", "tensor(int32)", "tensor(int64)", "tensor(uint8)"]
-
-
-def _log_once(key: str, message: str) -> None:
-    if key not in _logged:
-        _logged.add(key)
-        _log.warning(message)
 
 
 def _register_schemas() -> None:
@@ -356,30 +346,95 @@ def recomputationCheckpoint(*tensors):
 # --- IO overlap -----------------------------------------------------------------------------
 
 
-def _overlap(what: str, tensors, mode):
+_OVERLAP_ATTR = "__io_overlap"
+# OverlapMode -> the backend's exchange strategy of a host stream on the IO tiles.
+_STRATEGIES = {OverlapMode.OverlapAccumulationLoop: "OverlapInnerLoop",
+               OverlapMode.OverlapDeviceIterationLoop: "OverlapLoops"}
+
+
+@torch.library.custom_op("poptorch_lite::io_overlap", mutates_args=())
+def _io_overlap(x: torch.Tensor, direction: str, mode: str) -> torch.Tensor:
+    return x.clone()
+
+
+@_io_overlap.register_fake
+def _(x, direction, mode):
+    return torch.empty_like(x)
+
+
+_io_overlap.register_autograd(lambda ctx, grad: (grad, None, None),
+                              setup_context=lambda ctx, inputs, output: None)
+
+
+def _translate_io_overlap(x, direction: str, mode: str):
+    return _annotate(_GC.Nop(x), io_overlap=f"{direction}:{mode}")
+
+
+def _overlap(what: str, direction: str, tensors, mode):
     if not isinstance(mode, OverlapMode):
         raise ValueError(f"{what}: mode must be a poptorch_lite.OverlapMode, got {mode!r}.")
-    items = tensors if isinstance(tensors, (list, tuple)) else [tensors]
+    single = isinstance(tensors, torch.Tensor)
+    items = [tensors] if single else list(tensors) if isinstance(tensors, (list, tuple)) \
+        else [tensors]
     for t in items:
         if not isinstance(t, torch.Tensor):
             raise Error(f"{what}: expected tensors, got a {type(t).__name__}.")
-    if mode is not OverlapMode.NoOverlap:
-        _log_once(what, f"{what}({mode}): IO overlap is not passed to the simulated IPU from "
-                  f"poptorch_lite; host transfers are timed as not overlapped. The numbers are "
-                  f"unchanged.")
-    return tensors
+    if mode is OverlapMode.NoOverlap or not isRunningOnIpu():
+        return tensors
+    marked = [_io_overlap(t, direction, mode.name) for t in items]
+    return marked[0] if single else type(tensors)(marked)
 
 
 def set_overlap_for_input(input_tensors, mode: OverlapMode):
-    """Ask for ``mode`` IO overlap of host→IPU transfers of ``input_tensors``; returns them.
-    Logged once as having no effect in our model (transfers are timed as not overlapped)."""
-    return _overlap("set_overlap_for_input", input_tensors, mode)
+    """Stream the model inputs ``input_tensors`` through the IO tiles, prefetched while the
+    compute tiles work: ``OverlapAccumulationLoop`` overlaps within the gradient-accumulation
+    loop, ``OverlapDeviceIterationLoop`` across the device-iteration loop too (the backend's
+    ``InputSettings(TileSet.IO, OverlapInnerLoop / OverlapLoops)``). Needs
+    ``Options.TensorLocations.numIOTiles``. Returns the tensors; use the returned ones."""
+    return _overlap("set_overlap_for_input", "input", input_tensors, mode)
 
 
 def set_overlap_for_output(output_tensors, mode: OverlapMode):
-    """Ask for ``mode`` IO overlap of IPU→host transfers of ``output_tensors``; returns them.
-    Logged once as having no effect in our model (transfers are timed as not overlapped)."""
-    return _overlap("set_overlap_for_output", output_tensors, mode)
+    """Stream the model outputs ``output_tensors`` to the host through the IO tiles (the
+    anchors' ``TileSet.IO`` and exchange strategy), as ``set_overlap_for_input``. Return the
+    returned tensors from ``forward``."""
+    return _overlap("set_overlap_for_output", "output", output_tensors, mode)
+
+
+def apply_io_overlap(proto, num_io_tiles: int) -> tuple[dict[str, str], bool]:
+    """Turn the traced overlap marks into backend settings: each input's as model metadata
+    (``InputSettings``), each output's returned as {output name: exchange strategy} for its
+    anchor, with whether any mark was found. The marks are removed; an overlap on a tensor that is not a model input or output,
+    or without IO tiles, raises ``Error``."""
+    inputs = {i.name for i in proto.graph.input}
+    outputs = {o.name for o in proto.graph.output}
+    anchors, found = {}, False
+    for node in proto.graph.node:
+        marks = [a for a in node.attribute if a.name == _OVERLAP_ATTR]
+        if not marks:
+            continue
+        found = True
+        node.attribute.remove(marks[0])
+        direction, _, mode_name = marks[0].s.decode().partition(":")
+        mode = OverlapMode[mode_name]
+        what = f"set_overlap_for_{direction}(..., OverlapMode.{mode_name})"
+        if not num_io_tiles:
+            raise Error(f"{what}: no IO tiles are reserved to stream through. Reserve some "
+                        f"with Options().TensorLocations.numIOTiles(32) (an even number).")
+        strategy = _STRATEGIES[mode]
+        if direction == "input":
+            if node.input[0] not in inputs:
+                raise Error(f"{what}: the tensor '{node.input[0]}' is not an input of the "
+                            f"model; call it on forward's input tensors before using them.")
+            entry = proto.metadata_props.add()
+            entry.key = f"__input_settings:{node.input[0]}"
+            entry.value = f"IO,{strategy}"
+        else:
+            if node.output[0] not in outputs:
+                raise Error(f"{what}: the result is not an output of the model; return the "
+                            f"tensors set_overlap_for_output gives back from forward.")
+            anchors[node.output[0]] = strategy
+    return anchors, found
 
 
 # --- ctc_beam_search_decoder -----------------------------------------------------------------
@@ -470,27 +525,11 @@ def ctc_beam_search_decoder(probs: torch.Tensor, lengths: torch.Tensor, blank: i
     return _ctc_decoder(probs.detach(), lengths, blank, beam_width, top_paths)
 
 
-# --- torch_cluster-style ops ---------------------------------------------------------------------
-
-
-def fps(src, ptr, ratio: float = 0.5, random_start: bool = False):
-    """Farthest point sampling: refused (the specification gives it no semantics)."""
-    raise Error("poptorch_lite.fps (farthest point sampling) is not supported: the simulated "
-                "IPU defines no semantics for it. Compute it on the host (e.g. with "
-                "torch_cluster.fps) outside the model.", type="unsupported_op")
-
-
-def nearest(x, y, batch_x=None, batch_y=None):
-    """Nearest-cluster search: refused (the specification gives it no semantics)."""
-    raise Error("poptorch_lite.nearest (nearest-cluster search) is not supported: the "
-                "simulated IPU defines no semantics for it. Compute it on the host (e.g. with "
-                "torch_cluster.nearest) outside the model.", type="unsupported_op")
-
-
 def translation_table() -> dict:
     ops = torch.ops.poptorch_lite
     return {ops.dynamic_slice.default: _translate_dynamic_slice,
             ops.dynamic_update.default: _translate_dynamic_update,
             ops.serialized_matmul.default: _translate_serialized_matmul,
             ops.recomputation_checkpoint.default: _translate_checkpoint,
-            ops.ctc_beam_search_decoder.default: _translate_ctc_decoder}
+            ops.ctc_beam_search_decoder.default: _translate_ctc_decoder,
+            ops.io_overlap.default: _translate_io_overlap}

@@ -1,8 +1,9 @@
 """benchmarks/bert_large_fit.py at a tiny scale (docs/device_model.md §4), so its path cannot rot:
-a 4-layer BERT of hidden 64 exported to ONNX in float16, split [1, 1, 1, 1] over a 4-IPU
-pipeline with the published configuration's options (replication 4, gradient accumulation,
-LAMB, optimizer state off chip with replicated tensor sharding, per-IPU available memory
-proportions, pipeline recomputation, Bow IPUs), analysed by the compile-time device model."""
+a 4-layer BERT of hidden 64 written as ONNX in float16 (external zero initializers), split
+[1, 1, 1, 1] over a 4-IPU pipeline with the published configuration's options (replication 4,
+gradient accumulation, LAMB, optimizer state off chip with replicated tensor sharding, per-IPU
+available memory proportions, pipeline recomputation), prepared through the public API on an
+offline Bow (ipu21) device."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +38,8 @@ PUBLISHED = dataclasses.replace(bench.BERT_LARGE_SEQ128, layers_per_ipu=(1, 1, 1
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     path = tmp_path_factory.mktemp("bert") / "bert.onnx"
-    bench.export_bert(path, 4, PUBLISHED.micro_batch, PUBLISHED.seq, TINY)
+    bench.write_bert(path, [1, 1, 1, 1], PUBLISHED.micro_batch, PUBLISHED.seq, TINY,
+                     PUBLISHED.available_memory)
     return bench.run_published(path, PUBLISHED, [1, 1, 1, 1], PUBLISHED.accumulation,
                                comparable=False)
 
@@ -63,3 +67,30 @@ def test_small_bert_fit_uses_the_published_options(run):
         assert not m.categories.get("optimizer state")
     assert model.cycles.batch.replication_factor == 4
     assert model.cycles.batch.accumulation_factor == PUBLISHED.accumulation
+
+
+def test_small_bert_fit_matmuls_carry_their_ipus_available_memory(tmp_path):
+    path = bench.write_bert(tmp_path / "bert.onnx", [1, 1, 1, 1], 2, 16, TINY,
+                            PUBLISHED.available_memory)
+    model = onnx.load(str(path), load_external_data=False)
+    seen = set()
+    for node in model.graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "MatMul":
+            ipu = attrs["__ipu_number"]
+            assert attrs["__available_memory"] == pytest.approx(PUBLISHED.available_memory[ipu])
+            seen.add(ipu)
+        assert attrs["__pipeline_stage"] == attrs["__ipu_number"]
+    assert seen == {0, 1, 2, 3}
+    # Every initializer is external (a sparse file of zeros) with the shape's byte length.
+    for init in model.graph.initializer:
+        info = {e.key: int(e.value) for e in init.external_data if e.key == "length"}
+        assert info["length"] == 2 * int(np.prod(init.dims))
+
+
+def test_small_bert_fit_prepares_on_an_offline_bow_device(run):
+    """The script prepares on an offline device (no storage: tests/device/
+    test_offline_no_allocation.py) of the published IPU version."""
+    model, lines = run
+    assert model.device.startswith("OfflineIpu ipu21 x16"), model.device
+    assert "prepared in" in lines[0]

@@ -35,25 +35,41 @@ def _one_op(op_type, inputs, inits=(), **attrs):
     return ir, next(iter(ir.main.ops.values()))
 
 
+def _ideal_amp_cycles(flops: float, spec: IpuSpec, dtype: str = "f32") -> float:
+    """Cycles of ``flops`` at the AMP peak of every tile (spec Appendix A facts)."""
+    peak = spec.peak_flops_f16 if dtype == "f16" else spec.peak_flops_f32
+    return flops / peak * spec.clock_hz
+
+
 def test_matmul_cycles_scale_with_flops():
     _, small = _one_op("MatMul", [("a", [512, 512]), ("b", [512, 512])])
     _, large = _one_op("MatMul", [("a", [1024, 1024]), ("b", [1024, 1024])])
     assert small.cost()[0] == 2 * 512**3 and large.cost()[0] == 2 * 1024**3
     ratio = op_cycles(large, IPU2).cycles / op_cycles(small, IPU2).cycles
-    assert 7.0 < ratio <= 8.0  # the FLOP ratio, less the fixed sync and exchange parts
+    # At most the FLOP ratio; less, since the larger product fills the 1472 tiles better and
+    # pays the same fixed sync and setup.
+    assert 4.0 < ratio <= 8.0
+    for op in (small, large):
+        c = op_cycles(op, IPU2)
+        ideal = _ideal_amp_cycles(op.cost()[0], IPU2)
+        # Never faster than the AMP peak scaled by the inner-loop efficiency.
+        assert c.compute_cycles >= ideal / IPU2.amp_efficiency
+        assert c.compute_cycles + c.exchange_cycles < 4 * ideal / IPU2.amp_efficiency
+        assert c.sync_cycles == IPU2.sync_latency_cycles
     c = op_cycles(small, IPU2)
-    expected = math.ceil(2 * 512**3 / (IPU2.peak_flops_f32 * IPU2.amp_efficiency) * IPU2.clock_hz)
-    assert c.compute_cycles == expected and c.tiles_used == IPU2.num_tiles
-    assert c.sync_cycles == IPU2.sync_latency_cycles
-    # Both operands are computed (streams), so both are exchanged to the partial products.
-    assert c.exchange_bytes == 2 * 512 * 512 * 4
+    # Both operands are computed (streams): each tile receives its pieces of both.
+    assert c.exchange_bytes >= 2 * 512 * 512 * 4
 
 
 def test_fewer_tiles_take_longer():
     _, op = _one_op("MatMul", [("a", [256, 256]), ("b", [256, 256])])
     full = op_cycles(op, IPU2).compute_cycles
-    quarter = op_cycles(op, IpuSpec.for_version("ipu2", 368)).compute_cycles
-    assert quarter == pytest.approx(4 * full, rel=0.01)
+    quarter_spec = IpuSpec.for_version("ipu2", 368)
+    quarter = op_cycles(op, quarter_spec).compute_cycles
+    # A quarter of the tiles: slower, but by less than 4x, since a 256^3 product does not fill
+    # the whole chip evenly; never below the quarter chip's peak.
+    assert 2 * full < quarter <= 4 * full
+    assert quarter >= _ideal_amp_cycles(op.cost()[0], quarter_spec) / IPU2.amp_efficiency
 
 
 def test_elementwise_ops_run_on_the_vector_units():
@@ -99,7 +115,9 @@ def test_step_cycles_and_throughput():
                       anchor_bytes_per_step=6 * 8 * 32 * 4)
     result = compute_cycles(ir.main, ir.main.topo_order(), IPU2, batch)
     op = result.ops[0]
-    assert op.exchange_bytes == 8 * 64 * 4  # the weight is laid out for the MatMul
+    # The weight is laid out for the MatMul: it exchanges less than with a streamed weight.
+    streamed_ir, streamed = _one_op("MatMul", [("x", [8, 64]), ("w", [64, 32])])
+    assert 8 * 64 * 4 <= op.exchange_bytes < op_cycles(streamed, IPU2).exchange_bytes
     host_in = math.ceil(8 * 64 * 4 / IPU2.host_link_bytes_per_s * IPU2.clock_hz)
     assert result.host_input_cycles == host_in + IPU2.ipu_sync_latency_cycles
     assert result.micro_batch_cycles == op.cycles + result.host_input_cycles

@@ -158,7 +158,9 @@ def test_io_tiles_hold_the_stream_buffers_and_compute_tiles_the_rest():
     assert (mem.num_io_tiles, mem.num_compute_tiles) == (2, 14)
     assert mem.categories[IO_BUFFERS] == 2 * x_bytes + 3 * y_bytes
     code = mem.categories["code"]
-    assert mem.total_bytes - code == plain.total_bytes - plain.categories["code"] + (
+    # The matmul's planner temporaries depend on its tile count (device/planner.py).
+    temps = mem.categories["planner temporaries"] - plain.categories["planner temporaries"]
+    assert mem.total_bytes - code - temps == plain.total_bytes - plain.categories["code"] + (
         2 * x_bytes + 3 * y_bytes)
     # The IO tiles (14, 15) hold the buffers and the per-tile code base, nothing else.
     assert mem.tile_peak_bytes[14:].sum() == 5 * x_bytes + 2 * IPU2_16.tile_code_base_bytes
@@ -244,9 +246,10 @@ def test_io_tiles_take_tiles_from_compute_and_overlap_shortens_the_step():
     plain = cycles(0, ES.JustInTime)
     jit = cycles(2, ES.JustInTime)
     inner = cycles(2, ES.OverlapInnerLoop)
-    # 14 of 16 tiles compute: the MatMul takes 16/14 as long.
-    assert jit.ops[0].compute_cycles == pytest.approx(plain.ops[0].compute_cycles * 16 / 14,
-                                                      rel=1e-3)
+    # 14 of 16 tiles compute: the MatMul takes longer, about 16/14 as long (the planner's grid
+    # on 14 tiles may split the product a little less evenly).
+    assert (plain.ops[0].compute_cycles * 16 / 14 * 0.98 <= jit.ops[0].compute_cycles
+            <= plain.ops[0].compute_cycles * 16 / 14 * 1.05)
     assert inner.ops == jit.ops
     # JustInTime on IO tiles: serial transfers plus the IO -> compute copies.
     assert jit.host_input_cycles == _transfer(x_bytes, IPU2_16)

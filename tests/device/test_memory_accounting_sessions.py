@@ -61,8 +61,10 @@ def test_weights_split_over_two_ipus_take_half_each():
     _, two = _memory(4, 2, options(ipus=2))
     assert _category(one[0], "weights") == 4 * WEIGHT_BYTES
     assert [_category(m, "weights") for m in two] == [2 * WEIGHT_BYTES, 2 * WEIGHT_BYTES]
-    # Data (everything but the per-tile code estimate) is about half per IPU.
+    # Data (everything but the per-tile code estimate and the planner's per-op working memory,
+    # which does not split with the layers) is about half per IPU.
     def data(m):
-        return sum(v for k, v in m.categories.items() if k != "code")
+        return sum(v for k, v in m.categories.items()
+                   if k not in ("code", "planner temporaries"))
 
     assert all(data(m) < 0.8 * data(one[0]) for m in two)

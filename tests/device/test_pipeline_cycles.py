@@ -112,7 +112,7 @@ def test_F62_balanced_inference_pipeline_utilisation_is_G_over_G_plus_P_minus_1(
     assert sorted(use) == [0, 1, 2, 3]
     for u in use.values():
         # Below the ideal only by the copies, host input, syncs and anchors (a few %).
-        assert ideal * 0.96 < u < ideal
+        assert ideal * 0.95 < u < ideal
 
 
 def test_F62_training_pipeline_af16_follows_the_cycle_table_of_its_stage_costs():

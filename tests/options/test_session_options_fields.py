@@ -42,10 +42,10 @@ NEW_DEFAULTS = {
 OWNED_ELSEWHERE = {"enableStochasticRounding",
                    "automaticLossScalingSettings", "executionPhaseSettings",
                    "enableSupportedDataTypeCasting"}
-# Not built by this work (see docs/options.md).
-STILL_PENDING = {"autodiffSettings",
-                 "createImplicitPipeliningFwdOnlyProgram", "stashAllTensorsInferencePipeline",
-                 "ensureFp32LossScaleTensor"}
+# Not built yet (see docs/options.md). autodiffSettings, ensureFp32LossScaleTensor and
+# enableSupportedDataTypeCasting are built (tests/options/test_stitch_strategy.py,
+# test_fp32_loss_scale.py, tests/session/test_supported_type_casting.py).
+STILL_PENDING = {"createImplicitPipeliningFwdOnlyProgram", "stashAllTensorsInferencePipeline"}
 
 
 @pytest.mark.parametrize("name,default", sorted(NEW_DEFAULTS.items()))
@@ -78,9 +78,11 @@ def test_F9_new_structs_and_enums_have_popart_defaults():
     assert popart.InputSettings().replicatedStreamMode() is popart.ReplicatedStreamMode.Replicate
 
 
-def test_broadcast_stream_mode_is_refused_clearly():
-    with pytest.raises(NotImplementedOptionError, match="Broadcast"):
-        popart.InputSettings(popart.ReplicatedStreamMode.Broadcast)
+def test_broadcast_stream_mode_is_accepted():
+    # Its effect is tested in tests/session/test_broadcast_inputs.py.
+    settings = popart.InputSettings(popart.ReplicatedStreamMode.Broadcast)
+    assert settings.replicatedStreamMode() is popart.ReplicatedStreamMode.Broadcast
+    assert not settings.is_default() and settings != popart.InputSettings()
 
 
 def test_new_fields_are_type_checked():
@@ -202,7 +204,9 @@ def test_F9_batch_serialisation_divides_activations_and_adds_syncs_per_slice():
     for a, b in zip(off._device_model.cycles.ops, on._device_model.cycles.ops):
         assert (a.compute_cycles, a.exchange_cycles) == (b.compute_cycles, b.exchange_cycles)
         if b.sync_cycles != a.sync_cycles:
-            assert b.sync_cycles == 4 * a.sync_cycles == 4 * spec.sync_latency_cycles
+            # (a's own syncs: one per pass of its plan, device/planner.py)
+            assert b.sync_cycles == 4 * a.sync_cycles
+            assert a.sync_cycles % spec.sync_latency_cycles == 0
             slowed += 1
     assert slowed >= 2
     assert on._device_model.cycle_count() > off._device_model.cycle_count()
@@ -371,5 +375,7 @@ def test_F9_early_var_updates_shorten_the_gradient_lifetimes():
     # Each weight's gradient now dies at its update, the op right after the one making it.
     late_life, early_life = lifetimes(late), lifetimes(early)
     assert all(early_life[k] == 1 < late_life[k] for k in p), (early_life, late_life)
+    # The peak cannot rise; here it sits at a gradient matmul's planner temporaries, before the
+    # gradients die, so it may stay where it was.
     assert (early._device_model.memory.ipu(0).categories["activations"]
-            < late._device_model.memory.ipu(0).categories["activations"])
+            <= late._device_model.memory.ipu(0).categories["activations"])

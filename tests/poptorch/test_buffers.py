@@ -143,6 +143,29 @@ def test_buffer_registered_after_compile_raises():
         wrapper(x)
 
 
+def test_buffer_reassigned_on_the_host_after_compile_raises():
+    """P65: a buffer replaced by a new tensor after compiling is an Error at the next call;
+    an in-place update plus copyWeightsToDevice() reaches the device."""
+    model = Counter()
+    wrapper = poptorch.inferenceModel(model)
+    x = torch.randn(2, 4)
+    wrapper(x)
+    model.count = torch.full((), 10.0)
+    with pytest.raises(poptorch.Error, match=r"buffer\(s\) 'count' were reassigned.*copy_"):
+        wrapper(x)
+    wrapper.destroy()
+
+    model = Counter()
+    wrapper = poptorch.inferenceModel(model)
+    wrapper(x)
+    model.count.copy_(torch.full((), 10.0))
+    wrapper.copyWeightsToDevice()
+    reference = Counter()
+    reference.count.fill_(10.0)
+    torch.testing.assert_close(wrapper(x), reference(x).detach())
+    wrapper.destroy()
+
+
 def test_replicated_training_needs_broadcast_buffers_false():
     """P66: replicated training with a mutated buffer and broadcastBuffers(True) (default) is
     an Error; with broadcastBuffers(False) each replica keeps its own copy and the host reads

@@ -60,3 +60,36 @@ def test_batch_sampler_batches_are_concatenated():
     loader = poptorch.DataLoader(poptorch.Options().deviceIterations(2), dataset(12),
                                  batch_sampler=sampler)
     assert [y.tolist() for _, y in loader] == [list(range(6)), list(range(6, 12))]
+
+
+@pytest.mark.parametrize("mode", [poptorch.DataLoaderMode.Async,
+                                  poptorch.DataLoaderMode.AsyncRebatched])
+def test_async_keep_last_rebatches_to_whole_combined_batches(mode):
+    """P47: asynchronous loading never yields a short batch a compiled wrapper would refuse."""
+    opts = poptorch.Options().deviceIterations(2)
+    with pytest.warns(UserWarning, match="2 of 10 samples do not fill a combined batch of 4"):
+        loader = poptorch.DataLoader(opts, dataset(10), batch_size=2, drop_last=False,
+                                     mode=mode)
+    try:
+        got = [y.clone() for _, y in loader]
+    finally:
+        loader.terminate()
+    assert [y.tolist() for y in got] == [list(range(0, 4)), list(range(4, 8))]
+
+
+def test_short_last_batch_is_refused_by_the_compiled_wrapper():
+    """P24: the short batch of drop_last=False is an input change, named as such."""
+    opts = poptorch.Options().deviceIterations(2)
+    with pytest.warns(UserWarning, match="needs its own wrapper"):
+        loader = poptorch.DataLoader(opts, dataset(10), batch_size=2, drop_last=False)
+    model = torch.nn.Linear(1, 1)
+    wrapper = poptorch.inferenceModel(model, opts)
+    batches = [x for x, _ in loader]
+    for x in batches[:-1]:
+        torch.testing.assert_close(wrapper(x), model(x).detach())
+    with pytest.raises(poptorch.Error) as info:
+        wrapper(batches[-1])
+    message = str(info.value)
+    assert "input input: expected float32[4, 1], got float32[2, 1]" in message
+    assert "build a new wrapper or call destroy() to recompile" in message
+    assert "Data-dependent" not in message

@@ -183,16 +183,15 @@ def test_mutated_python_number_is_frozen_at_its_traced_value():
 def test_changed_input_that_forward_cannot_take_names_the_change():
     wrapper = poptorch.inferenceModel(torch.nn.Linear(4, 2))
     wrapper(torch.randn(2, 4))
-    with pytest.warns(UserWarning, match="recompiling"), \
-            pytest.raises(poptorch.Error) as info:
+    with pytest.raises(poptorch.Error) as info:
         wrapper(torch.randn(2, 5))
     message = str(info.value)
-    assert "compiled with float32[2, 4], got float32[2, 5]" in message
+    assert "input input: expected float32[2, 4], got float32[2, 5]" in message
     assert "Data-dependent" not in message
     assert info.value.type == "input_changed"
 
 
-def test_changed_input_dtype_recompiles_with_a_warning():
+def test_changed_input_dtype_is_an_error_and_a_new_wrapper_takes_it():
     class Model(torch.nn.Module):
         def forward(self, x):
             return x * 2 + 1
@@ -201,7 +200,8 @@ def test_changed_input_dtype_recompiles_with_a_warning():
     wrapper = poptorch.inferenceModel(model)
     x = torch.randn(2, 4)
     wrapper(x)
-    with pytest.warns(UserWarning, match="compiled with float32\\[2, 4\\], got float16"):
-        out = wrapper(x.half())
+    with pytest.raises(poptorch.Error, match="expected float32\\[2, 4\\], got float16"):
+        wrapper(x.half())
+    out = poptorch.inferenceModel(model)(x.half())
     assert out.dtype == torch.float16
     assert_allclose(actual=out, expected=model(x.half()), rtol=0, atol=0)

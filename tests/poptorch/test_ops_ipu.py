@@ -1,6 +1,6 @@
 """IPU ops inside forward (P59, P62): dynamic_slice/update, serializedMatMul,
-recomputationCheckpoint, IO overlap, ctc_beam_search_decoder, fps/nearest, NameScope,
-Attribute, MultiConv, CPU and ipu_print_tensor, each against eager torch or numpy."""
+recomputationCheckpoint, IO overlap, ctc_beam_search_decoder, fps/nearest (against numpy),
+NameScope, Attribute, MultiConv, CPU and ipu_print_tensor, each against eager torch or numpy."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import popart_backend as popart
+from popart_backend.device.planner import planner_plan
 import poptorch_lite as poptorch
 from poptorch_lite.testing import assert_allclose
 
@@ -142,8 +143,10 @@ def test_serialized_matmul_divides_the_partials_and_adds_syncs(mode, factor):
     serial = poptorch.inferenceModel(MatMulModel(mode, factor).eval())
     assert_allclose(actual=serial(x, target), expected=plain(x, target))
     assert_allclose(actual=serial(x, target)[0], expected=plain_model(x, target)[0])
-    assert _planner_temporaries(plain) == {}
-    assert list(_planner_temporaries(serial).values()) == [8 * 6 * 4 // factor]
+    # Every matmul holds its plan's temporaries (device/planner.py); the serialised one a
+    # factor-th of the plain one's, slice by slice.
+    [plain_bytes] = _planner_temporaries(plain).values()
+    assert list(_planner_temporaries(serial).values()) == [-(-plain_bytes // factor)]
     plain_model_report = plain._active.session.getReport().model
     serial_report = serial._active.session.getReport().model
     assert (serial_report.cycles.step_cycles - plain_model_report.cycles.step_cycles
@@ -179,10 +182,53 @@ def test_recomputation_checkpoint_keeps_numbers_and_marks_the_node():
 def test_set_overlap_checks_its_mode_and_returns_the_tensors():
     x = torch.ones(2)
     assert poptorch.set_overlap_for_input(x, poptorch.OverlapMode.NoOverlap) is x
-    assert poptorch.set_overlap_for_output(
+    assert poptorch.set_overlap_for_output(  # eager on CPU: returned as they are
         [x], poptorch.OverlapMode.OverlapDeviceIterationLoop)[0] is x
     with pytest.raises(ValueError, match="OverlapMode"):
         poptorch.set_overlap_for_input(x, "overlap")
+
+
+class _Streamed(torch.nn.Module):
+    """Large inputs and outputs and enough compute per iteration to hide a transfer behind."""
+
+    def __init__(self, mode):
+        super().__init__()
+        self.mode = mode
+        self.w = torch.nn.Parameter(torch.eye(1024) * 0.5)
+
+    def forward(self, x):
+        if self.mode is not None:
+            x = poptorch.set_overlap_for_input(x, self.mode)
+        for _ in range(4):
+            x = x @ self.w
+        return x if self.mode is None else poptorch.set_overlap_for_output(x, self.mode)
+
+
+def _streamed_cycles(mode, io_tiles=32):
+    opts = poptorch.Options().deviceIterations(8).logCycleCount(True)
+    if io_tiles:
+        opts.TensorLocations.numIOTiles(io_tiles)
+    wrapper = poptorch.inferenceModel(_Streamed(mode), opts)
+    x = torch.randn(8 * 64, 1024)
+    assert_allclose(actual=wrapper(x), expected=x / 16)
+    cycles = wrapper.cycleCount()
+    wrapper.destroy()
+    return cycles
+
+
+def test_set_overlap_streams_through_io_tiles_and_hides_transfers():
+    """P62: overlapped IO moves the streams to the IO tiles and hides all but two transfers
+    of each per step behind compute (device/io_overlap.py), so a step of 8 iterations gets
+    cheaper; inference has no accumulation loop, so both overlap modes are the same."""
+    plain = _streamed_cycles(None)
+    no_overlap = _streamed_cycles(poptorch.OverlapMode.NoOverlap)
+    device_loop = _streamed_cycles(poptorch.OverlapMode.OverlapDeviceIterationLoop)
+    accumulation_loop = _streamed_cycles(poptorch.OverlapMode.OverlapAccumulationLoop)
+    assert no_overlap == plain
+    assert device_loop < plain
+    assert accumulation_loop == device_loop
+    with pytest.raises(poptorch.Error, match=r"numIOTiles\(32\)"):
+        _streamed_cycles(poptorch.OverlapMode.OverlapDeviceIterationLoop, io_tiles=0)
 
 
 # --- ctc_beam_search_decoder ----------------------------------------------------------------
@@ -229,11 +275,74 @@ def test_ctc_beam_search_decoder_matches_exhaustive_search():
         poptorch.ctc_beam_search_decoder(probs, lengths, 0, 1, 2)
 
 
-def test_fps_and_nearest_are_refused_by_name():
-    with pytest.raises(poptorch.Error, match="fps"):
-        poptorch.fps(torch.zeros(4, 3), torch.tensor([0, 4]))
-    with pytest.raises(poptorch.Error, match="nearest"):
-        poptorch.nearest(torch.zeros(4, 3), torch.zeros(2, 3))
+def _numpy_fps(points, ptr, ratio):
+    """Farthest point sampling written plainly in numpy (the reference)."""
+    out = []
+    for start, end in zip(ptr, ptr[1:]):
+        seg = points[start:end].astype(np.float64)
+        picks = [0]
+        while len(picks) < math.ceil(ratio * (end - start)):
+            d = np.min([((seg - seg[p]) ** 2).sum(1) for p in picks], axis=0)
+            picks.append(int(np.argmax(d)))
+        out += [start + p for p in picks]
+    return np.array(out)
+
+
+def _numpy_nearest(x, y, bx, by):
+    out = []
+    for point, b in zip(x, bx):
+        candidates = [j for j in range(len(y)) if by[j] == b]
+        d = [((point - y[j]) ** 2).sum() for j in candidates]
+        out.append(candidates[int(np.argmin(d))])
+    return np.array(out)
+
+
+def test_fps_and_nearest_match_numpy_on_cpu_and_ipu():
+    """P62: torch_cluster-style fps / nearest, run on the IPU as host callbacks."""
+    generator = torch.Generator().manual_seed(3)
+    points = torch.randn(13, 3, generator=generator)
+    ptr = [0, 6, 13]
+    centres = torch.randn(5, 3, generator=generator)
+    bx = torch.tensor([0] * 6 + [1] * 7)
+    by = torch.tensor([0, 0, 1, 1, 1])
+
+    class Model(torch.nn.Module):
+        def forward(self, src, c, batch_x, batch_y):
+            picked = poptorch.fps(src, ptr, ratio=0.5)
+            return (picked, poptorch.nearest(src, c, batch_x, batch_y),
+                    poptorch.nearest(src, c), src[picked.long()] * 2)
+
+    expected_fps = _numpy_fps(points.numpy(), ptr, 0.5)
+    expected_near = _numpy_nearest(points.numpy(), centres.numpy(), bx.numpy(), by.numpy())
+    expected_plain = _numpy_nearest(points.numpy(), centres.numpy(), [0] * 13, [0] * 5)
+    assert len(expected_fps) == 3 + 4
+    eager = Model()(points, centres, bx, by)
+    assert eager[0].tolist() == expected_fps.tolist()
+    assert eager[1].tolist() == expected_near.tolist()
+    wrapper = poptorch.inferenceModel(Model())
+    picked, near, plain, gathered = wrapper(points, centres, bx, by)
+    assert picked.tolist() == expected_fps.tolist()
+    assert near.tolist() == expected_near.tolist()
+    assert plain.tolist() == expected_plain.tolist()
+    assert_allclose(actual=gathered, expected=points[expected_fps] * 2)
+    # Data the host callback sees at run time, not the trace's: new points, new picks.
+    moved = points.flip(0).contiguous()
+    assert wrapper(moved, centres, bx, by)[0].tolist() == _numpy_fps(moved.numpy(), ptr,
+                                                                    0.5).tolist()
+    wrapper.destroy()
+
+
+def test_fps_and_nearest_check_their_arguments():
+    with pytest.raises(poptorch.Error, match="ptr must rise strictly from 0"):
+        poptorch.fps(torch.zeros(4, 3), [0, 5])
+    with pytest.raises(poptorch.Error, match="ratio must be a number"):
+        poptorch.fps(torch.zeros(4, 3), [0, 4], ratio=0.0)
+    with pytest.raises(poptorch.Error, match="same point size"):
+        poptorch.nearest(torch.zeros(4, 3), torch.zeros(2, 2))
+    with pytest.raises(poptorch.Error, match="both batch_x and batch_y"):
+        poptorch.nearest(torch.zeros(4, 3), torch.zeros(2, 3), torch.zeros(4, dtype=torch.long))
+    picks = poptorch.fps(torch.randn(10, 2), torch.tensor([0, 10]), random_start=True)
+    assert picks.dtype == torch.int64 and len(set(picks.tolist())) == 5
 
 
 # --- NameScope / Attribute / MultiConv ----------------------------------------------------------
@@ -271,16 +380,21 @@ def test_scopes_name_and_annotate_nodes_and_keep_numbers():
     assert all(_attrs(c)["__multiconv_plan_type"].s == b"serial" for c in convs)
     assert all(list(_attrs(c)["__outline"].strings) == [b"layer", b"convs"] for c in convs)
     assert "__outline" not in _attrs(relu)
-    # The backend plans each convolution with its own proportion: a partials buffer per
-    # convolution (4 bytes per output element, 2 with half partials) in its temporaries.
+    # The backend plans each convolution with its own proportion: its temporaries stay within
+    # that proportion of the memory of the tiles its plan uses (device/planner.py).
     ops = [op for op in wrapper._active.session.getIr().main.ops.values()
            if op.op_type == "Conv"]
     assert sorted(op.settings.available_memory_proportion for op in ops) == pytest.approx(
         [0.2, 0.5])
     temporaries = _planner_temporaries(wrapper)
     assert len(temporaries) == 2
-    assert sum(temporaries.values()) == sum(
-        op.outputs[0].info.nelms * (2 if op.settings.half_partials else 4) for op in ops)
+    model = wrapper._active.session.getReport().model
+    for op in ops:
+        plan = planner_plan(op, model.spec)
+        assert 0 < plan.temporary_bytes <= (op.settings.available_memory_proportion
+                                             * model.spec.tile_bytes * plan.tiles_used)
+    assert sorted(temporaries.values()) == sorted(planner_plan(op, model.spec).temporary_bytes
+                                                  for op in ops)
 
 
 def test_scope_argument_errors():
@@ -348,5 +462,9 @@ def test_ipu_print_tensor_prints_value_and_gradient(capsys):
     out = capsys.readouterr().out
     assert "wx: [[3.0, 8.0]]" in out
     assert "Gradient___wx: [[1.0, 1.0]]" in out
+    # Eager on CPU, the gradient is printed under the same title the device uses.
+    model(torch.tensor([[3.0, 4.0]]))[1].backward()
+    eager = capsys.readouterr().out
+    assert "Gradient___wx tensor([[1., 1.]])" in eager
     with pytest.raises(ValueError, match="float_format"):
         poptorch.ipu_print_tensor(torch.ones(1), float_format="hex")

@@ -97,9 +97,10 @@ class ScatterModel(torch.nn.Module):
         return out, poptorch.identity_loss((out * self.weight).sum(), reduction="sum")
 
 
-@pytest.mark.parametrize("reduce", ["amax", "amin", "mean"])
+@pytest.mark.parametrize("reduce", ["amax", "amin", "mean", "prod"])
 @pytest.mark.parametrize("include_self", [True, False])
 def test_scatter_reduce_gradients_match_torch(reduce, include_self):
+    """The model has zeros in self and in src, which the "prod" gradient must handle."""
     compare_training(ScatterModel(reduce, include_self),
                      lambda p: torch.optim.SGD(p, lr=0.5), [(torch.ones(1),), (torch.ones(1),)],
                      rtol=1e-5, atol=1e-6)

@@ -60,10 +60,11 @@ def test_custom_arg_parser_matches_eager(pair_parser):
     wrapper = poptorch.inferenceModel(model, _opts())
     a, b = torch.randn(4, 3), torch.randn(4, 2)
     torch.testing.assert_close(wrapper(Pair(a, b, 2.0)), model(Pair(a, b, 2.0)))
-    # A changed plain field is part of the input signature: compiled again, not reused.
-    with pytest.warns(UserWarning, match="recompiling"):
-        out = wrapper(Pair(a, b, 3.0))
-    torch.testing.assert_close(out, model(Pair(a, b, 3.0)))
+    # A changed plain field is part of the input signature: refused, as a changed shape.
+    with pytest.raises(poptorch.Error, match="expected 2.0, got 3.0"):
+        wrapper(Pair(a, b, 3.0))
+    wrapper.destroy()
+    torch.testing.assert_close(wrapper(Pair(a, b, 3.0)), model(Pair(a, b, 3.0)))
 
 
 def test_custom_arg_parser_registration_errors():
@@ -158,11 +159,32 @@ def test_internal_helpers():
     assert poptorch.accessAttributes(key) == {"__outline": {"ipu": 1}}
     with pytest.raises(poptorch.Error, match="no attributes"):
         poptorch.accessAttributes("nope")
-    with pytest.raises(poptorch.Error, match="no IPU tensor id"):
+    with pytest.raises(poptorch.Error, match="no compiled wrapper holds this tensor"):
         poptorch.getIpuTensorId(torch.ones(1))
     with pytest.raises(poptorch.Error, match="no file"):
         poptorch.importPoptorchMetadataFromFile("/nonexistent/model.poptorch")
     assert isinstance("x", poptorch.BlockId)
+
+
+def test_get_ipu_tensor_id_names_the_backend_tensor_of_a_parameter():
+    """getIpuTensorId: a compiled wrapper's parameter (tensor or name) -> its backend id,
+    which the backend lists and anchorTensor reads back with the parameter's value."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    wrapper = poptorch.inferenceModel(model)
+    with pytest.raises(poptorch.Error, match="no compiled wrapper"):
+        poptorch.getIpuTensorId(model[0].weight)  # not compiled yet
+    wrapper(torch.randn(1, 3))
+    tensor_id = poptorch.getIpuTensorId(model[0].weight)
+    assert tensor_id == poptorch.getIpuTensorId("0.weight")
+    assert tensor_id in wrapper.getTensorNames()
+    assert poptorch.getIpuTensorId(model[0].bias) != tensor_id
+    wrapper.destroy()
+    opts = poptorch.Options().anchorTensor("w", tensor_id)
+    reader = poptorch.inferenceModel(model, opts)
+    reader(torch.randn(1, 3))
+    torch.testing.assert_close(reader.getAnchoredTensor("w"), model[0].weight.detach())
+    reader.destroy()
 
 
 # --- strategies ----------------------------------------------------------------------------------

@@ -35,17 +35,27 @@ def test_wrong_combined_batch_error_names_sizes_and_factors():
     assert "gradientAccumulation(1) = 4" in text
 
 
-def test_new_input_signature_recompiles_with_warning(wrapped):
+def test_new_input_signature_is_an_error_until_destroy(wrapped):
+    """P24: as PopTorch, a compiled wrapper refuses other inputs; destroy() recompiles."""
     model, wrapper = wrapped
+    x4 = torch.randn(4, 4)
+    assert_allclose(actual=wrapper(x4), expected=model(x4).detach())
     x8 = torch.randn(8, 4)
-    with pytest.warns(UserWarning, match=r"input x: compiled with float32\[4, 4\], got "
-                                         r"float32\[8, 4\]\); recompiling"):
-        out = wrapper(x8)
-    assert_allclose(actual=out, expected=model(x8).detach())
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # both signatures are cached now: no new warning
-        wrapper(torch.randn(4, 4))
+    with pytest.raises(poptorch.Error) as info:
         wrapper(x8)
+    message = str(info.value)
+    assert "input x: expected float32[4, 4], got float32[8, 4]" in message
+    assert message.rstrip().endswith("build a new wrapper or call destroy() to recompile.")
+    assert info.value.type == "input_changed"
+    with pytest.raises(poptorch.Error, match=r"input x: expected float32\[4, 4\], got float16"):
+        wrapper(x4.half())
+    assert_allclose(actual=wrapper(x4), expected=model(x4).detach())  # still usable
+    wrapper.destroy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_allclose(actual=wrapper(x8), expected=model(x8).detach())
+    wrapper.destroy()
+    wrapper(x4)  # the module's fixture is compiled for [4, 4] again
 
 
 def test_bad_call_is_an_error(wrapped):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import popart_backend as popart
-from popart_backend.device.memory import REMOTE_BUFFERS
+from popart_backend.device.memory import PLANNER_TEMPORARIES, REMOTE_BUFFERS
 from popart_backend.report.html import html_report, live_bytes_curve
 
 CHROMIUM = "/usr/bin/chromium"
@@ -94,7 +94,8 @@ def test_liveness_curve_matches_memory_model(report_page):
     assert len(report.model.memory.ipus) == 2
     for m in report.model.memory.ipus:
         curve = live_bytes_curve(m, length)
-        peak = m.categories["activations"] + m.categories[REMOTE_BUFFERS]
+        peak = (m.categories["activations"] + m.categories[REMOTE_BUFFERS]
+                + m.categories[PLANNER_TEMPORARIES])
         assert curve.min() >= 0 and peak > 0
         assert int(curve.max()) == peak
         assert int(curve[m.peak_position]) == peak

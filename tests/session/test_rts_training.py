@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import popart_backend as popart
+from popart_backend.device.memory import format_bytes, memory_summary
 from popart_backend.options.enums import CommGroupType, ReplicatedTensorSharding
 from popart_backend.options.structs import CommGroup
 from tests.session import replication_models as rm
@@ -49,7 +50,7 @@ def test_F110_sharded_training_equals_the_unsharded_run(make_optimizer, rf, af):
     p, x = rm.params(), _data(rf, af)
     want, _, plain = rm.train(p, x, MB, BPS, rm.options(rf, af), optimizer=make_optimizer())
     got, _, s = rm.train(p, x, MB, BPS, _rts(rm.options(rf, af)), optimizer=make_optimizer())
-    rm.assert_weights_close(got, want)
+    rm.assert_weights_close(got, want, rtol=0, atol=1e-6)
     state = [t for t in s.getIr().sharded_variables if t.startswith("Accl")]
     assert state
     # Optimizer state reads back whole and equal too.
@@ -74,7 +75,7 @@ def test_F111_consecutive_domain_equals_the_unsharded_run():
     opts = _rts(rm.options(4, 2), domain=CommGroup(CommGroupType.Consecutive, 2))
     got, _, s = rm.train(p, x, MB, BPS, opts, optimizer=_adam())
     rm.assert_weights_close(got, want)
-    assert s.getIr().sharded_variables["w0"].num_shards == 2
+    assert s.getIr().sharded_variables["Accl1___w0"].num_shards == 2
 
 
 def _lamb(mode=popart.AdamMode.Lamb, clip=None):
@@ -108,7 +109,7 @@ def test_F110_norm_based_updates_on_shards_equal_the_unsharded_run(make_optimize
     rm.assert_weights_close(got, want)
     assert not np.allclose(got["w0"], p["w0"])  # it trained
     sharded = s.getIr().sharded_variables
-    assert "w0" in sharded and any(t.startswith("Accl") for t in sharded)
+    assert "w0" not in sharded and any(t.startswith("Accl") for t in sharded)
 
 
 @pytest.mark.parametrize("make_optimizer", [_lamb, _adam_clipped], ids=["lamb", "adam_clip"])
@@ -118,13 +119,14 @@ def test_F111_norm_based_updates_on_a_consecutive_domain_equal_the_unsharded_run
     opts = _rts(rm.options(4, 2), domain=CommGroup(CommGroupType.Consecutive, 2))
     got, _, s = rm.train(p, x, MB, BPS, opts, optimizer=make_optimizer())
     rm.assert_weights_close(got, want)
-    assert s.getIr().sharded_variables["w0"].num_shards == 2
+    assert s.getIr().sharded_variables["Accl1___w0"].num_shards == 2
 
 
 def test_F109_memory_model_counts_lamb_state_as_shards():
     s, _ = _spec_example_session(optimizer=_lamb())
     entries = {t.id: t for t in s._device_model.memory.ipu(0).tensors}
-    for tid in ("w", "Accl1___w", "Accl2___w"):
+    assert entries["w"].num_bytes == 30 * 4  # the weight stays whole
+    for tid in ("Accl1___w", "Accl2___w"):
         assert entries[tid].num_bytes == 8 * 4, tid  # ceil(30 / 4) f32 elements, not 30
 
 
@@ -153,22 +155,21 @@ def _device_value(s, tid, replica):
     return device.plan.replica_values[replica][device.plan.slot[tid]].numpy()
 
 
-def test_F109_each_replica_stores_its_shard_with_the_spec_padding():
+def test_F109_each_replica_stores_its_state_shard_with_the_spec_padding_and_the_whole_weight():
     s, w0 = _spec_example_session()
-    flat = w0.reshape(-1)
+    for r in range(4):
+        np.testing.assert_array_equal(_device_value(s, "w", r), w0)
+    # The momentum state, written from the host, is split with the spec's padding.
+    flat = np.arange(30, dtype=np.float32) + 1
+    s.writeWeights(popart.PyWeightsIO({"Accl___w": flat.reshape(5, 2, 3)}))
+    s.weightsFromHost()
     expected = [flat[0:8], flat[8:16], np.append(flat[16:23], 0), np.append(flat[23:30], 0)]
     for r in range(4):
-        np.testing.assert_array_equal(_device_value(s, "w", r), expected[r])
-        assert _device_value(s, "Accl___w", r).shape == (8,)
-    # writeWeights + weightsFromHost split a new host value; weightsToHost joins it back.
-    new = -w0
-    s.writeWeights(popart.PyWeightsIO({"w": new}))
-    s.weightsFromHost()
-    np.testing.assert_array_equal(_device_value(s, "w", 3), np.append(-flat[23:30], 0))
-    out = {"w": np.zeros_like(w0)}
+        np.testing.assert_array_equal(_device_value(s, "Accl___w", r), expected[r])
+    out = {"Accl___w": np.zeros((5, 2, 3), np.float32)}
     s.weightsToHost()
     s.readWeights(popart.PyWeightsIO(out))
-    np.testing.assert_array_equal(out["w"], new)
+    np.testing.assert_array_equal(out["Accl___w"].reshape(-1), flat)
 
 
 def test_F109_spec_example_trains_like_the_unsharded_weight_and_pads_stay_zero():
@@ -183,32 +184,37 @@ def test_F109_spec_example_trains_like_the_unsharded_weight_and_pads_stay_zero()
         s.readWeights(popart.PyWeightsIO(weights[shard]))
     assert not np.array_equal(weights[True]["w"], w0)
     rm.assert_weights_close(weights[True], weights[False])
-    assert _device_value(s, "w", 2)[-1] == 0 and _device_value(s, "w", 3)[-1] == 0
+    for state in ("Accl1___w", "Accl2___w"):
+        assert _device_value(s, state, 2)[-1] == 0 and _device_value(s, state, 3)[-1] == 0
 
 
 def test_F109_memory_model_counts_shards():
     s, _ = _spec_example_session()
     model = s._device_model
     entries = {t.id: t for t in model.memory.ipu(0).tensors}
-    assert entries["w"].num_bytes == 8 * 4  # ceil(30 / 4) f32 elements, not 30
-    assert entries["Accl___w"].num_bytes == 8 * 4
-    location = model.locations["w"]
+    assert entries["w"].num_bytes == 30 * 4  # weights stay whole
+    assert entries["Accl___w"].num_bytes == 8 * 4  # ceil(30 / 4) f32 elements, not 30
+    location = model.locations["Accl___w"]
     assert location.location.replicatedTensorSharding is ReplicatedTensorSharding.On
     assert "4 shards of 8" in location.reason
-    # The gathered full weight is a transient activation.
+    # The gathered updated weight is a transient, once per update; the state is 1/4 of it.
     assert entries["w/gathered"].num_bytes == 30 * 4
+    assert entries["w/gathered"].start is not None
+    plain, _ = _spec_example_session(shard=False)
+    whole = {t.id: t for t in plain._device_model.memory.ipu(0).tensors}
+    assert whole["Accl___w"].num_bytes == 30 * 4 and whole["w"].num_bytes == 30 * 4
 
 
-def test_F109_anchoring_a_sharded_weight_is_rejected():
+def test_F109_anchoring_a_weight_under_rts_streams_it_whole():
     opts = _rts(rm.options(2))
     proto, loss = rm.model(rm.params(), MB)
     device = popart.DeviceManager().createIpuModelDevice({"numIPUs": 2})
     flow = popart.DataFlow(1, [loss, "w0"])
-    with pytest.raises(popart.popart_exception, match=r"\['w0'\] hold replicated shards"):
-        popart.TrainingSession(proto, flow, loss, rm.momentum_sgd(), device, userOptions=opts)
+    s = popart.TrainingSession(proto, flow, loss, rm.momentum_sgd(), device, userOptions=opts)
+    assert s.getIr().main.tensors["w0"].info.shape == rm.params()["w0"].shape
 
 
-def test_F109_inference_shards_variable_weights():
+def test_F109_inference_keeps_variable_weights_whole():
     p = rm.params()
     proto, loss = rm.model(p, MB)
     x = _data(2, 1)[0, 0]  # [rf, mb, D_IN]
@@ -227,6 +233,60 @@ def test_F109_inference_shards_variable_weights():
         out = s.initAnchorArrays()
         s.run(popart.PyStepIO({"x": x}, out))
         outputs[shard] = out[builder_out]
-        if shard:
-            assert sorted(s._ir.sharded_variables) == ["b0", "w0", "w1"]
+        if shard:  # no weight update to shard: the weights stay whole
+            assert s._ir.sharded_variables == {}
     np.testing.assert_array_equal(outputs[True], outputs[False])
+
+
+@pytest.mark.parametrize("rf", [2, 4])
+def test_F109_memory_report_shows_optimizer_state_divided_by_the_replicas(rf):
+    """Weights count whole; the optimizer state of each replica is 1/R of the unsharded one (up
+    to the one pad element per shard)."""
+    sessions = {shard: _spec_example_session(rf=rf, optimizer=_adam(), shard=shard)[0]
+                for shard in (False, True)}
+    cats = {shard: s._device_model.memory.ipu(0).categories for shard, s in sessions.items()}
+    assert cats[True]["weights"] == cats[False]["weights"] == 30 * 4
+    shard_elems = -(-30 // rf)
+    assert cats[False]["optimizer state"] == 2 * 30 * 4  # Adam: two state tensors
+    assert cats[True]["optimizer state"] == 2 * shard_elems * 4
+    summary = memory_summary(sessions[True]._device_model.memory)
+    assert f"optimizer state {format_bytes(2 * shard_elems * 4)}" in summary
+
+
+def test_F110_device_model_times_the_sharded_update_and_its_collectives():
+    """The update works on 1/R of the weight (its flops and bytes), the gradient reduce-scatter
+    and the all-gather cross the IPU-Links, the local slice does not."""
+    sessions = {shard: _spec_example_session(rf=4, optimizer=_adam(), shard=shard)[0]
+                for shard in (False, True)}
+    cycles = {}
+    for shard, s in sessions.items():
+        cycles[shard] = {c.op_type + ("/local" if c.op_type == "ReplicatedReduceScatter"
+                                      and s.getIr().main.ops[c.op_id].attrs.local else ""): c
+                         for c in s.getReport().model.cycles.ops}
+    whole, split = cycles[False]["AdamUpdate"], cycles[True]["AdamUpdate"]
+    assert split.flops * 30 == whole.flops * 8  # 8 of 30 elements per replica
+    assert split.bytes_moved < whole.bytes_moved / 3
+    assert cycles[True]["ReplicatedReduceScatter"].collective_cycles > 0
+    assert cycles[True]["ReplicatedAllGather"].collective_cycles > 0
+    assert cycles[True]["ReplicatedReduceScatter/local"].collective_cycles == 0
+    assert "ReplicatedAllGather" not in cycles[False]
+
+
+def test_F110_off_chip_sharded_optimizer_state_equals_the_unsharded_run():
+    """The released BERT configuration's setting: optimizer state off chip and sharded. Each
+    replica's streaming memory holds its state shards; the weights stay on chip, whole."""
+    rf, af = 2, 2
+    p, x = rm.params(), _data(rf, af)
+    want, _, _ = rm.train(p, x, MB, BPS, rm.options(rf, af), optimizer=_adam())
+    opts = rm.options(rf, af)
+    opts.optimizerStateTensorLocationSettings = popart.TensorLocationSettings(
+        popart.TensorLocation(popart.TensorStorage.OffChip, ReplicatedTensorSharding.On), 0, 4)
+    got, _, s = rm.train(p, x, MB, BPS, opts, optimizer=_adam())
+    rm.assert_weights_close(got, want, rtol=0, atol=1e-6)
+    memory = s._device_model.memory.ipu(0)
+    state = {t for t in s.getIr().sharded_variables if t.startswith("Accl")}
+    assert state and state <= set(memory.streaming_tensors)
+    shard_bytes = sum(s.getIr().main.tensors[t].info.num_bytes for t in state)
+    whole_bytes = sum(2 * v.nbytes for v in p.values() if v.size >= 4)
+    assert memory.streaming_bytes == shard_bytes and shard_bytes <= whole_bytes // rf + 8 * len(state)
+    assert memory.categories["weights"] == sum(v.nbytes for v in p.values())

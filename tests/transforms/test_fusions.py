@@ -365,10 +365,23 @@ def test_attention_becomes_one_op(guard, mask_kind, key_chain, post_scale):
     check_against_ort(model, feeds, ours, rtol=1e-5, atol=1e-5)
 
 
-def test_attention_without_guard_and_computed_mask_is_left_alone():
-    """Without Where(IsNaN) a fully masked row is NaN in ONNX but zeros in torch's kernel."""
+@pytest.mark.parametrize("fully_masked", [True, False])
+def test_attention_without_guard_and_input_mask_keeps_nan_rows(fully_masked):
+    """Without Where(IsNaN) a fully masked row is NaN in ONNX but zeros in torch's kernel: the
+    inference fusion restores the NaN rows (sample 0 of the mask is all -inf)."""
     model, feeds = _attention_model(False, "input", False, True)
-    feeds["mask"][0] = 0.0  # keep the reference finite; the pass cannot know it at compile time
+    if not fully_masked:
+        feeds["mask"][0] = 0.0
     ops, ours = fuse_and_run(model, feeds, [FuseAttention()])
+    assert ops["Attention"] == 1 and "Softmax" not in ops
+    assert np.isnan(ours["y"][0]).all() == fully_masked and not np.isnan(ours["y"][1]).any()
+    check_against_ort(model, feeds, ours)
+
+
+def test_attention_without_guard_and_input_mask_is_left_alone_in_training():
+    """Training has no NaN-row epilogue (the flash backward would see it): no fusion."""
+    model, feeds = _attention_model(False, "input", False, True)
+    feeds["mask"][0] = 0.0
+    ops, ours = fuse_and_run(model, feeds, [FuseAttention(training=True)])
     assert "Attention" not in ops and ops["Softmax"] == 1
     check_against_ort(model, feeds, ours)

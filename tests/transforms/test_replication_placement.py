@@ -34,7 +34,8 @@ def _session(rts: bool):
 def _weight_of(op, weights) -> str:
     """The weight whose gradient (or accumulator) the collective reduces."""
     source = op.inputs[0].id
-    return next(w for w in weights if source.endswith(f"___{w}") or f"___{w}/" in source)
+    return next(w for w in weights if source == w or source.endswith(f"___{w}")
+                or f"___{w}/" in source)
 
 
 def _weight_ipu(graph, weight: str) -> int:
@@ -48,7 +49,25 @@ def _weight_ipu(graph, weight: str) -> int:
 def test_gradient_collectives_run_on_their_weights_ipu_F71(rts):
     session, weights = _session(rts)
     graph = session.getIr().main
-    collectives = [op for op in graph.ops.values() if op.op_type in COLLECTIVES]
+    collectives = [op for op in graph.ops.values() if op.op_type in COLLECTIVES
+                   and not (op.op_type == "ReplicatedReduceScatter" and op.attrs.local)]
+    if rts:  # the sharded update: local slice, update, all-gather, copy into the weight
+        for w in weights:
+            (local,) = [op for op in graph.tensors[w].consumers
+                        if op.op_type == "ReplicatedReduceScatter"]
+            (update,) = local.outputs[0].consumers
+            (gather,) = update.outputs[0].consumers
+            (copy,) = gather.outputs[0].consumers
+            for op in (local, update, gather, copy):
+                assert op.settings.ipu == _weight_ipu(graph, w), (w, op)
+                # Once per weight update, not per micro-batch: nothing gathered is stashed.
+                assert op.settings.execution_context.name == "AccumulateOuterFragment"
+            cycles = {c.op_id: c for c in session.getReport().model.cycles.ops}
+            assert cycles[local.id].collective_cycles == 0  # a local slice
+            assert cycles[gather.id].collective_cycles > 0
+        assert not [op for op in graph.ops_of_type("Stash")
+                    if op.inputs[-1].producer is not None
+                    and op.inputs[-1].producer.op_type == "ReplicatedAllGather"]
     reduced = {_weight_of(op, weights) for op in collectives}
     assert reduced == set(weights)
     expected = {0: {"w0", "w1"}, 1: {"w2", "w3"}}  # chain_model: 2 layers per IPU

@@ -19,7 +19,7 @@ from popart_backend.ops.collectives import shard_layout
 from popart_backend.ops.registry import AI_GRAPHCORE, create_op
 from popart_backend.options.enums import CommGroupType, ReplicatedTensorSharding
 from popart_backend.options.structs import CommGroup
-from popart_backend.transforms.pipeline import run_passes, training_passes
+from popart_backend.transforms.pipeline import inference_passes, run_passes, training_passes
 from tests.session import replication_models as rm
 
 ON = ReplicatedTensorSharding.On
@@ -71,6 +71,21 @@ def test_F110_reduce_scatter_sums_in_replica_order_and_scatters_within_groups():
     assert [t.shape for t in op.reduce_replicas(values, 2, 2)] == [(15,), (15,)]
 
 
+def test_F110_local_reduce_scatter_keeps_each_replicas_own_shard_without_summing():
+    """PopART's Local collective operator: replica r keeps shard r mod k of its own value."""
+    op, info = _collective("ReplicatedReduceScatter", (5, 2, 3),
+                           (CommGroupType.Consecutive.value, 4), num_shards=4, local=True)
+    assert info.shape == (8,)
+    values = [torch.randn(5, 2, 3, generator=torch.Generator().manual_seed(r)) for r in range(4)]
+    out = op.reduce_replicas(values, 0, 4)
+    starts, counts = (0, 8, 16, 23), (8, 8, 7, 7)  # 30 elements: the last two shards pad once
+    for r in range(4):
+        real = values[r].reshape(-1)[starts[r]:starts[r] + counts[r]]
+        assert torch.equal(out[r], torch.cat([real, torch.zeros(8 - counts[r])]))
+    assert op.groups(4) == [[0], [1], [2], [3]]  # no exchange between replicas
+    assert [t.shape for t in op.reduce_replicas(values, 2, 2)] == [(8,), (8,)]
+
+
 def test_F110_all_gather_rebuilds_the_tensor_and_checks_the_group():
     op, info = _collective("ReplicatedAllGather", (8,), None, shape=(5, 2, 3), num_shards=4)
     assert info.shape == (5, 2, 3)
@@ -107,29 +122,49 @@ def _types(ir):
     return sorted(op.op_type for op in ir.main.ops.values())
 
 
-def test_F110_reduce_scatter_replaces_the_all_reduce_and_the_forward_gathers():
+def test_F110_optimizer_state_and_update_are_sharded_weights_stay_whole():
+    """PopART's RTS: the gradient is reduce-scattered, each replica updates its shard of the
+    weight (a local slice) with its shard of the state, and the updated shards are all-gathered
+    and copied into the whole weight once per update."""
     ir = _ir(_rts_options(2), 2)
     sharded = ir.sharded_variables
-    assert sorted(sharded) == ["Accl___b0", "Accl___w0", "Accl___w1", "b0", "w0", "w1"]
+    assert sorted(sharded) == ["Accl___b0", "Accl___w0", "Accl___w1"]
     graph = ir.main
-    assert graph.tensors["w0"].info.shape == (10,) and graph.tensors["Accl___w1"].info.shape == (8,)
+    assert graph.tensors["w0"].info.shape == (rm.D_IN, rm.D_HID)
+    assert graph.tensors["Accl___w1"].info.shape == (8,)  # 15 elements over 2
     assert graph.tensors["UpdatedVar___w0"].info.shape == (10,)
-    assert sharded["w0"].full_info.shape == (rm.D_IN, rm.D_HID)
+    assert sharded["Accl___w0"].full_info.shape == (rm.D_IN, rm.D_HID)
     types = _types(ir)
     assert "ReplicatedAllReduce" not in types
-    assert types.count("ReplicatedReduceScatter") == 3 and types.count("ReplicatedAllGather") == 3
-    # Forward (and backward) ops read the gathered weight; only its update reads the shard.
-    assert sorted(op.op_type for op in graph.tensors["w0"].consumers) == [
-        "ReplicatedAllGather", "SGDUpdate"]
+    # Per weight: the gradient's reduce-scatter, the local slice of the weight, one gather.
+    assert types.count("ReplicatedReduceScatter") == 6 and types.count("ReplicatedAllGather") == 3
     update = graph.tensors["UpdatedVar___w0"].producer
-    assert update.inputs[1].producer.op_type == "ReplicatedReduceScatter"
-    # The host value stays whole.
+    scatter, local = update.inputs[1].producer, update.inputs[0].producer
+    assert scatter.op_type == local.op_type == "ReplicatedReduceScatter"
+    assert not scatter.attrs.local and local.attrs.local and local.inputs[0].id == "w0"
+    assert local.groups(2) == [[0], [1]]  # nothing crosses the links
+    (gather,) = update.outputs[0].consumers
+    assert gather.op_type == "ReplicatedAllGather"
+    (copy,) = gather.outputs[0].consumers
+    assert copy.op_type == "CopyVarUpdate" and copy.inputs[0].id == "w0"
+    assert ir.optimizer_tensors.updated["w0"] == copy.outputs[0].id
+    # Forward and backward ops read the whole weight, not a gathered copy.
+    readers = {op.op_type for op in graph.tensors["w0"].consumers}
+    assert "ReplicatedAllGather" not in readers
     assert graph.tensors["w0"].data.shape == (rm.D_IN, rm.D_HID)
+
+
+def test_F110_rts_collectives_run_once_per_weight_update_in_the_outer_fragment():
+    ir = _ir(_rts_options(2, 3), 2, 3)
+    outer = {"ReplicatedReduceScatter", "ReplicatedAllGather", "CopyVarUpdate", "SGDUpdate"}
+    for op in ir.main.ops.values():
+        if op.op_type in outer:
+            assert op.settings.execution_context.name == "AccumulateOuterFragment", op.name
 
 
 def test_F111_consecutive_domain_reduce_scatters_in_groups_then_all_reduces_across():
     ir = _ir(_rts_options(4, domain=CommGroup(CommGroupType.Consecutive, 2)), 4)
-    assert ir.sharded_variables["w0"].num_shards == 2
+    assert ir.sharded_variables["Accl___w0"].num_shards == 2
     update = ir.main.tensors["UpdatedVar___w0"].producer
     across = update.inputs[1].producer
     assert across.op_type == "ReplicatedAllReduce"
@@ -155,16 +190,29 @@ def test_F110_accumulators_shard_on_their_own_and_reduce_every_micro_batch():
 
 def test_F109_small_tensors_and_no_replication_stay_whole(caplog):
     ir = _ir(_rts_options(2, min_elements=16), 2)
-    assert sorted(ir.sharded_variables) == ["Accl___w0", "w0"]  # 20 elements; b0 5, w1 15
+    assert sorted(ir.sharded_variables) == ["Accl___w0"]  # 20 elements; b0 5, w1 15
     with caplog.at_level(logging.WARNING, logger="popart:transform"):
         ir = _ir(_rts_options(1), 1)
     assert ir.sharded_variables == {}
     assert "Unable to shard tensor w0 due to lack of replication" in caplog.text
 
 
-def test_F109_optimizer_state_sharding_shards_its_weight_too():
-    ir = _ir(_rts_options(2, kinds=("optimizerState",)), 2)
-    assert {"w0", "Accl___w0"} <= set(ir.sharded_variables)
+def test_F109_weight_sharding_shards_its_optimizer_state_and_update():
+    ir = _ir(_rts_options(2, kinds=("weight",)), 2)
+    assert {"Accl___w0", "Accl___w1"} <= set(ir.sharded_variables)
+    assert "w0" not in ir.sharded_variables
+    assert ir.main.tensors["UpdatedVar___w0"].info.shape == (10,)
+
+
+def test_F109_weights_without_an_update_stay_whole_and_say_so(caplog):
+    opts = _rts_options(2, kinds=("weight",))
+    proto, _ = rm.model(rm.params(), 2)
+    ir = import_model(proto)
+    with caplog.at_level(logging.WARNING, logger="popart:transform"):
+        run_passes(ir, inference_passes(opts), debug=True)
+    assert ir.sharded_variables == {}
+    assert ir.main.tensors["w0"].info.shape == (rm.D_IN, rm.D_HID)
+    assert "replicatedTensorSharding has no effect" in caplog.text and "w0" in caplog.text
 
 
 def _distributed(opts, global_rf):
@@ -184,7 +232,7 @@ def test_F111_sharding_domain_constraints_with_several_instances():
         _ir(opts, 8)
     opts = _distributed(_rts_options(2, domain=CommGroup(CommGroupType.Consecutive, 2)), 4)
     ir = _ir(opts, 4)
-    assert ir.sharded_variables["w0"].num_shards == 2
+    assert ir.sharded_variables["Accl___w0"].num_shards == 2
 
 
 def test_F111_unsupported_domains_and_mismatched_domains_raise():
@@ -204,7 +252,7 @@ def test_F110_sharded_lamb_sums_its_shard_norms_over_the_domain():
     ir = _ir(_rts_options(4, domain=CommGroup(CommGroupType.Consecutive, 2)), 4, optimizer=lamb)
     graph = ir.main
     probes = list(graph.ops_of_type("LambSquareNorms"))
-    assert len(probes) == len(ir.sharded_variables) // 3  # one per weight (w, Accl1, Accl2)
+    assert len(probes) == len(ir.sharded_variables) // 2  # one per weight (Accl1, Accl2)
     for probe in probes:
         reduce_op = probe.outputs[0].consumers[0]
         assert reduce_op.op_type == "ReplicatedAllReduce"

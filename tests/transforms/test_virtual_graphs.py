@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import popart_backend as popart
-from popart_backend.errors import NotImplementedOptionError
 from popart_backend.transforms.virtual_graphs import balanced_split
 from popart_backend.ops.ipu_copy import IpuCopy
 from tests.helpers import check_grad
@@ -55,10 +54,14 @@ def test_manual_ipu_must_exist_on_the_device_F21():
         _inference(proto, "x", 2, options(2))
 
 
-def test_execution_phases_are_not_built_yet_F21():
+def test_execution_phases_need_a_phase_on_every_op_F21():
+    """ExecutionPhases is built (tests/transforms/test_execution_phases.py); ops without an
+    executionPhase annotation are refused."""
     proto, _, _ = chain_model(chain_weights(2), 2, stages=False)
-    with pytest.raises(NotImplementedOptionError, match="ExecutionPhases"):
-        _inference(proto, "x", 2, options(2, mode=popart.VirtualGraphMode.ExecutionPhases))
+    opts = options(2, mode=popart.VirtualGraphMode.ExecutionPhases)
+    opts.executionPhaseSettings.phases = 2
+    with pytest.raises(popart.popart_exception, match="needs an execution phase on every op"):
+        _inference(proto, "x", 2, opts)
 
 
 def test_off_ignores_annotations_F21():

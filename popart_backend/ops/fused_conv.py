@@ -1,0 +1,121 @@
+"""Conv + BatchNormalization with *variable* weights, folded at run time (inference only).
+
+When the weights are constants, ``transforms/fuse_conv_bn.py`` folds the BatchNormalization
+into the Conv once, at compile time. When they are variables (``constantWeights = False``, as
+the PopTorch frontend builds every session), the host may write them at any time
+(``weightsFromHost``, ``writeWeights`` + ``weightsFromHost``, a frontend weight copy), so the
+folded weights cannot be fixed at compile time. This op keeps the Conv and BN parameters as
+inputs and computes, with s = scale / sqrt(var + eps):
+
+    W' = W * s[:, None, ...]        B' = (B - mean) * s + beta
+    Y  = act(Conv(X, W', B') [+ R])
+
+The folded pair is computed on the first run and kept; it is recomputed whenever any of the
+six parameter tensors was written since (a different tensor object, or a bumped torch version
+counter: every in-place torch write, ``copy_`` included, bumps it). So the folded weights are
+never stale, and a steady-state run costs one convolution with its bias, as onnxruntime's
+folded graph does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..ir.op import Op
+from .fused import FUSED_DOMAIN, FusedOp, _check_activation
+from .registry import register_op
+
+# Folded pairs kept per op: one per replica (each replica holds its own weight tensors).
+_MAX_CACHED = 16
+
+
+def _stamp(tensors) -> tuple | None:
+    """(tensor, version) pairs identifying the current values of ``tensors``; None when a
+    tensor has no version counter (an inference-mode tensor), which disables the cache."""
+    stamp = []
+    for t in tensors:
+        if t is None:
+            stamp.append((None, 0))
+            continue
+        if t.is_inference():
+            return None
+        stamp.append((t, t._version))
+    return tuple(stamp)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    # Identity and version: the cache holds the tensors, so an id cannot be reused meanwhile.
+    return all(x is y and vx == vy for (x, vx), (y, vy) in zip(a, b))
+
+
+@register_op("ConvBatchNorm", versions=(1,), domain=FUSED_DOMAIN)
+class ConvBatchNorm(FusedOp):
+    """Y = act(Conv(X, W', B') [+ R]) with the BatchNormalization folded into W', B' at run time.
+
+    Inputs: X, W, B (optional), scale, beta, mean, var, then R when ``residual``.
+
+    Cost: the convolution's own (matrix units, with its bias), then the residual add and ReLU
+    on the vector units; refolding after a weight write costs a few passes over W.
+    """
+
+    uses_amp = True
+
+    @dataclass(frozen=True)
+    class Attrs:
+        epsilon: float = 1e-5
+        activation: str = "none"
+        residual: int = 0
+
+    def __init__(self, attrs, settings, input_infos, out, conv: Op,
+                 conv_flops: int | None = None):
+        _check_activation(attrs.activation)
+        super().__init__(attrs, settings, input_infos, out)
+        self._conv_op = conv  # keeps its resolved window (pads, strides, groups)
+        self._conv = conv.kernel
+        self._relu = attrs.activation == "relu"
+        self._conv_flops = conv.cost()[0] if conv_flops is None else conv_flops
+        self._folded: list[tuple] = []  # (stamp, W', B'), most recent first
+
+    def clone_with(self, settings=None):
+        return type(self)(self.attrs, settings if settings is not None else self.settings,
+                          self._expected_inputs, self._fused_out, self._conv_op,
+                          self._conv_flops)
+
+    def cost(self) -> tuple[int, int]:
+        return self._conv_flops + self.epilogue_flops(), super().cost()[1]
+
+    def epilogue_flops(self) -> int:
+        return self._out.nelms * (self.attrs.residual + int(self._relu))
+
+    def folded_weights(self, w, b, scale, beta, mean, var):
+        """(W', B') for these parameter values: the kept pair if none was written since."""
+        stamp = _stamp((w, b, scale, beta, mean, var))
+        if stamp is not None:
+            for kept, w_new, b_new in self._folded:
+                if _same(kept, stamp):
+                    return w_new, b_new
+        w_new, b_new = self._fold(w, b, scale, beta, mean, var)
+        if stamp is not None:
+            # Drop the entries of these same weight tensors (now stale), keep the others (other
+            # replicas'). One assignment: replicas running in threads see either list.
+            entries = [e for e in self._folded if e[0][0][0] is not w]
+            self._folded = [(stamp, w_new, b_new)] + entries[: _MAX_CACHED - 1]
+        return w_new, b_new
+
+    def _fold(self, w, b, scale, beta, mean, var):
+        # In float64, as the compile-time fold: the products then round once, to W's dtype.
+        f64 = torch.float64
+        s = scale.to(f64) * (var.to(f64) + self.attrs.epsilon).rsqrt()
+        w_new = (w.to(f64) * s.reshape((-1,) + (1,) * (w.dim() - 1))).to(w.dtype)
+        bias = b.to(f64) if b is not None else torch.zeros_like(s)
+        b_new = ((bias - mean.to(f64)) * s + beta.to(f64)).to(w.dtype)
+        return w_new.contiguous(), b_new
+
+    def kernel(self, x, w, b, scale, beta, mean, var, residual=None):
+        w_new, b_new = self.folded_weights(w, b, scale, beta, mean, var)
+        y = self._conv(x, w_new, b_new)
+        if residual is not None:
+            y.add_(residual)
+        return torch.relu_(y) if self._relu else y
