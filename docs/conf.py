@@ -37,3 +37,6 @@ nitpicky = False
 html_theme = "furo"
 html_title = "popart_backend and poptorch_lite"
 html_static_path: list[str] = []
+# A docstring's bare ``type`` matches the ``type`` attribute of several classes; the ambiguity
+# is harmless (the first match is used), so it is not a warning.
+suppress_warnings = ["ref.python"]

@@ -9,6 +9,10 @@ per call (``deviceIterations(4)``), each over 2 micro-batches of 8 images
 the device through ``setOptimizer``. Afterwards an inference wrapper of the same model (it
 picks up the trained weights by itself) measures test accuracy. The epoch count can also come
 from the environment variable ``TRAIN_DIGITS_EPOCHS``.
+
+The training and test sets are whole numbers of calls, so no DataLoader drops samples. At the
+end it prints the CPU wall-clock throughput of the simulation and the simulated IPU's own
+estimate: the cycles of one training call (``Options.logCycleCount``, ``cycleCount()``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import poptorch_lite as poptorch
 MICRO_BATCH = 8
 DEVICE_ITERATIONS = 4
 ACCUMULATION = 2
+TEST_DEVICE_ITERATIONS = 5
 
 
 class DigitsCNN(torch.nn.Module):
@@ -46,13 +51,24 @@ class DigitsCNN(torch.nn.Module):
         return logits, torch.nn.functional.cross_entropy(logits, labels)
 
 
-def digits_split(n_test: int = 360, seed: int = 0):
-    """(train, test) TensorDatasets of [N, 1, 8, 8] images scaled to [0, 1] and int labels."""
+TRAIN_CALL = MICRO_BATCH * DEVICE_ITERATIONS * ACCUMULATION  # images per training call
+TEST_CALL = MICRO_BATCH * TEST_DEVICE_ITERATIONS  # images per inference call
+
+
+def digits_split(n_test: int = 320, seed: int = 0):
+    """(train, test) TensorDatasets of [N, 1, 8, 8] images scaled to [0, 1] and int labels.
+
+    Both sizes are whole numbers of calls (a DataLoader drops, with a warning, the samples that
+    do not fill a last call): ``n_test`` must be a multiple of ``TEST_CALL``, and the training
+    set takes the largest multiple of ``TRAIN_CALL`` of the rest (1472 of 1477 images)."""
+    if n_test % TEST_CALL:
+        raise ValueError(f"n_test={n_test} is not a multiple of {TEST_CALL} images per call")
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     labels = torch.tensor(digits.target, dtype=torch.int64)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
-    test, train = order[:n_test], order[n_test:]
+    n_train = (len(labels) - n_test) // TRAIN_CALL * TRAIN_CALL
+    test, train = order[:n_test], order[n_test:n_test + n_train]
     return (torch.utils.data.TensorDataset(images[train], labels[train]),
             torch.utils.data.TensorDataset(images[test], labels[test]))
 
@@ -68,6 +84,7 @@ def main(argv=None) -> float:
     train_set, test_set = digits_split()
 
     opts = poptorch.Options().deviceIterations(DEVICE_ITERATIONS).randomSeed(0)
+    opts.logCycleCount(True)  # the simulated IPU's cycle estimate: training.cycleCount()
     opts.Training.gradientAccumulation(ACCUMULATION)
     opts.outputMode(poptorch.OutputMode.All)  # every micro-batch's logits: train accuracy
     opts.showCompilationProgressBar(not args.quiet)
@@ -78,7 +95,8 @@ def main(argv=None) -> float:
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.8)
     training = poptorch.trainingModel(model, opts, optimizer)
 
-    print(f"digits: {len(train_set)} training / {len(test_set)} test images; each call takes "
+    print(f"digits: {len(train_set)} training / {len(test_set)} test images (whole calls; "
+          f"{1797 - len(train_set) - len(test_set)} left out); each call takes "
           f"{loader.combinedBatchSize} = micro-batch {MICRO_BATCH} × deviceIterations "
           f"{DEVICE_ITERATIONS} × gradientAccumulation {ACCUMULATION}")
     images, labels = next(iter(loader))
@@ -104,7 +122,7 @@ def main(argv=None) -> float:
               f"(lr now {scheduler.get_last_lr()[0]:.2e})")
 
     model.eval()
-    inference_opts = poptorch.Options().deviceIterations(5)
+    inference_opts = poptorch.Options().deviceIterations(TEST_DEVICE_ITERATIONS)
     inference_opts.showCompilationProgressBar(not args.quiet)
     inference = poptorch.inferenceModel(model, inference_opts)
     test_loader = poptorch.DataLoader(inference_opts, test_set, batch_size=MICRO_BATCH)
@@ -114,10 +132,12 @@ def main(argv=None) -> float:
         seen += len(labels)
     accuracy = correct / seen
     print(f"test accuracy {accuracy:.3f} on {seen} images")
-    # The simulated IPU does not report cycle counts yet, so this is host wall-clock time of
-    # the simulation on this CPU, not IPU throughput.
+    # Host wall-clock time of the simulation on this CPU. The simulated IPU's own estimate
+    # (cycles of one call) is printed next to it: Options.logCycleCount and cycleCount().
     print(f"throughput (wall-clock of the CPU simulation, not simulated IPU time): "
           f"{samples / seconds:.0f} samples/s over {samples} training samples")
+    print(f"simulated IPU: {training.cycleCount()} cycles for the last training call of "
+          f"{loader.combinedBatchSize} images (an estimate of the cycle model)")
     training.destroy()
     inference.destroy()
     return accuracy

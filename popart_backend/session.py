@@ -300,15 +300,19 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
                 progress.step(steps, "device model")
                 # The memory and cycle model of the simulated IPU (DESIGN decision 8), from
                 # shapes alone: raises OutOfMemoryException when a tile or an IPU overflows.
-                self._device_model = analyse(self._ir, execution_order(self._program),
-                                             self._device_info,
-                                             self._options, BatchInfo.from_program(self._program),
-                                             program=self._program, model=self._model.proto)
+                # An engine cache hit loads it (our Poplar compile) from the entry instead.
+                model = self._cached_device_model()
+                if model is None:
+                    model = analyse(self._ir, execution_order(self._program), self._device_info,
+                                    self._options, BatchInfo.from_program(self._program),
+                                    program=self._program, model=self._model.proto)
+                    self._device_model_computed(model)  # engine cache entry (executable/)
+                self._device_model = model
                 progress.step(steps, "memory check")
                 self._device_model.check_fits(summary_text(self._device_model))
                 progress.step(steps)
             self._device = device
-            self._device_built()  # executable / engine cache (executable/)
+            self._device_built()  # a loaded executable's RNG state (executable/)
             self._write_auto_report()
         if loadEngine:
             self.loadEngineAndConnectStreams()
@@ -527,7 +531,8 @@ class InferenceSession(SessionBase):
         )
 
     @classmethod
-    def fromIr(cls, ir: Ir, deviceInfo, name: str = "fromIr") -> InferenceSession:  # noqa: N802,N803
+    def fromIr(cls, ir: Ir, deviceInfo,  # noqa: N802,N803 - PopART's names
+               name: str = "fromIr") -> InferenceSession:
         """A session that runs ``ir`` as it stands, on ``deviceInfo``: no import and no passes,
         with the model, data flow, options and patterns of the session whose ``getIr()`` it is.
         The new session works on its own copy of ``ir`` (later edits of ``ir`` do not reach it);

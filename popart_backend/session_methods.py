@@ -25,8 +25,8 @@ from .device.manager import DeviceInfo
 from .dtypes import DataType
 from .errors import OutOfMemoryError, OutOfMemoryException, StepIOError, popart_exception
 from .ir.dot import DotWriter
-from .tensorinfo import ReplicatedStreamMode, input_settings_from_model
 from .ir.dump import ir_to_json
+from .tensorinfo import ReplicatedStreamMode, input_settings_from_model
 
 __all__ = ["IrSource", "SessionMethodsMixin", "check_64bit_inputs", "check_64bit_ranges",
            "ir_source", "mark_broadcast_inputs", "remember_ir_source"]

@@ -318,6 +318,7 @@ class _PhasedExecution(ExecutionStrategy):
                                                               else [p])) for p in phases]
         super().__init__()
         self.separate_backward_phase = False
+        self.liveness = Liveness.AlwaysLive  # tensor locations between phases (phased.py)
 
     def _all_stages(self) -> list[Stage]:
         return [stage for phase in self.phases for stage in phase.stages]
@@ -339,6 +340,7 @@ class SerialPhasedExecution(_PhasedExecution):
 class ParallelPhasedExecution(_PhasedExecution):
     def sendTensorsOffChipAfterFwd(self, off_chip: bool = True):  # noqa: N802
         self.off_chip_after_fwd = bool(off_chip)
+        self.liveness = Liveness.OffChipAfterFwd if off_chip else Liveness.AlwaysLive
         return self
 
 
@@ -370,9 +372,11 @@ class StagePlacement:
 class Placement:
     """Where a traced model runs: stages (forward only) and IPUs per replica."""
 
-    strategy: str  # "single", "pipelined" or "sharded"
-    stages: list[StagePlacement]
+    strategy: str  # "single", "pipelined", "sharded" or "phased" (phased.py)
+    stages: list[StagePlacement]  # phased: one per phase
     ipus_per_replica: int
+    phases: int = 0  # phased: the forward phases
+    phase_stages: int = 0  # phased: IPUs the phases alternate over (executionPhaseSettings)
 
     @property
     def num_stages(self) -> int:
@@ -504,8 +508,8 @@ def place_model(proto: onnx.ModelProto, strategy) -> Placement:
     its blocks and ``strategy`` (None = ``PipelinedExecution()``); returns the placement."""
     strategy = PipelinedExecution() if strategy is None else strategy
     if isinstance(strategy, _PhasedExecution):
-        raise Error(f"{type(strategy).__name__}: phased execution is not simulated yet; use "
-                    f"PipelinedExecution or ShardedExecution.")
+        raise Error(f"{type(strategy).__name__}: phased strategies are placed by "
+                    f"phased.place_phased, not place_model.")
     graph = proto.graph
     resolved, ipus = _node_blocks(graph)
     ranks = _stage_ranks(strategy, ipus) if ipus else {}

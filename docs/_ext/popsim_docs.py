@@ -67,11 +67,28 @@ def public_names(module_name: str) -> list[str]:
 
 
 def differing_setters() -> dict[str, tuple[str, str]]:
-    """poptorch_lite.Options setter -> (state, note) for every setter not built as in PopTorch."""
+    """poptorch_lite.Options setter -> (status, what happens) for every setter not built as in
+    PopTorch: no effect, refused, deprecated, or handed to a SessionOptions field that is not
+    built in both session kinds."""
+    from popart_backend.options.checks import BuildState, option_status
     from poptorch_lite.options.status import SETTER_STATUS, SetterState
 
-    return {name: (status.state.value, status.note) for name, status in SETTER_STATUS.items()
-            if status.state is not SetterState.BUILT}
+    out = {}
+    for name, status in SETTER_STATUS.items():
+        if status.state is SetterState.BUILT:
+            continue
+        if status.state is SetterState.BACKEND:
+            field = status.note
+            inf, tr = option_status(field, False), option_status(field, True)
+            if inf.state is BuildState.BUILT and tr.state is BuildState.BUILT:
+                continue
+            parts = [f"{kind}: {s.state.value}" + (f" ({s.note})" if s.note else "")
+                     for kind, s in (("inference", inf), ("training", tr))]
+            out[name] = (f"through SessionOptions.{field}",
+                         "; ".join(parts) if inf != tr else parts[0].split(": ", 1)[1])
+        else:
+            out[name] = (status.state.value, status.note)
+    return out
 
 
 def differing_options() -> dict[str, tuple[str, str, str, str]]:
@@ -169,19 +186,9 @@ class SetterStatusDirective(SphinxDirective):
     handed to a SessionOptions field)."""
 
     def run(self):
-        from popart_backend.options.checks import option_status
-
-        rows = []
-        for name, (state, note) in sorted(differing_setters().items()):
-            if state == "backend":
-                field = note
-                inf, tr = option_status(field, False).state.value, option_status(field, True).state
-                meaning = (f"sets SessionOptions.{field}, whose status is: {inf} (inference), "
-                           f"{tr.value} (training)")
-            else:
-                meaning = note
-            rows.append([nodes.literal(text=f"Options.{name}"), state, meaning])
-        return [_table(["setter", "status", "what happens here"], rows, [30, 12, 58])]
+        rows = [[nodes.literal(text=f"Options.{name}"), state, strip_citations(meaning)]
+                for name, (state, meaning) in sorted(differing_setters().items())]
+        return [_table(["setter", "status", "what happens here"], rows, [30, 20, 50])]
 
 
 class OptionStatusDirective(SphinxDirective):
@@ -222,12 +229,23 @@ class UnsupportedOpsDirective(SphinxDirective):
 # --------------------------------------------------------------------------------------------
 
 
-def _autodoc_directive(module_name: str, name: str) -> list[str]:
+#: Classes listed without their members: the Builder's opset classes have one method per op
+#: (the supported operations page lists them) and would make the page huge and slow to build.
+_NO_MEMBERS = re.compile(r"Ai\w*Opset\d+$")
+
+
+def _autodoc_directive(module_name: str, name: str, also: dict[int, str]) -> list[str]:
     module = __import__(module_name, fromlist=["_"])
     value = getattr(module, name)
     full = f"{module_name}.{name}"
+    if id(value) in also:  # the same object is documented under another name
+        return [f".. py:data:: {full}", "",
+                f"   The same object as :py:obj:`{also[id(value)]}`.", ""]
     if isinstance(value, type):
-        return [f".. autoclass:: {full}", "   :members:", "   :undoc-members:", ""]
+        if _NO_MEMBERS.match(name):
+            return [f".. autoclass:: {full}", "",
+                    "   One method per operator of this opset: see :doc:`supported_ops`.", ""]
+        return [f".. autoclass:: {full}", "   :members:", ""]
     if callable(value):
         return [f".. autofunction:: {full}", ""]
     return [f".. autodata:: {full}", "   :annotation:", ""]
@@ -237,12 +255,18 @@ class ApiReferenceDirective(SphinxDirective):
     """Autodoc entries for every public name of a module, classes first."""
 
     required_arguments = 1
-    option_spec = {"exclude": directives.unchanged}
+    option_spec = {"same-as": directives.unchanged}
 
     def run(self):
         module_name = self.arguments[0]
         module = __import__(module_name, fromlist=["_"])
         names = public_names(module_name)
+        also: dict[int, str] = {}
+        if "same-as" in self.options:  # names documented on another page or section
+            other_name = self.options["same-as"]
+            other = __import__(other_name, fromlist=["_"])
+            also = {id(getattr(other, n)): f"{other_name}.{n}" for n in public_names(other_name)
+                    if isinstance(getattr(other, n), type) or callable(getattr(other, n))}
         kinds = {"classes": [], "functions": [], "data": []}
         for name in names:
             value = getattr(module, name)
@@ -256,7 +280,7 @@ class ApiReferenceDirective(SphinxDirective):
                 continue
             lines += [f".. rubric:: {title}", ""]
             for name in kinds[kind]:
-                lines += _autodoc_directive(module_name, name)
+                lines += _autodoc_directive(module_name, name, also)
         container = nodes.container()
         self.state.nested_parse(StringList(lines, source=f"<api-reference {module_name}>"),
                                 self.content_offset, container)

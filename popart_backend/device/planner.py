@@ -17,8 +17,12 @@ and costs, in cycles of one tile:
     reduction = (sk > 1) the partials of the K split exchanged and summed on the vector units
     setup     = passes · amp_setup_cycles                   (vertex launch, AMP pipeline fill)
 
-The temporary memory of a tile is its rearranged input pieces plus its partials
-(``mt · nt`` values of 4 bytes, 2 with half partials). The available memory proportion ``p``
+The temporary memory of a tile is the input pieces it receives (its exchange buffers) plus its
+partials (``mt · nt`` values of 4 bytes, 2 with half partials) when they are wider than the
+output or the product is split over K (else they accumulate in the output). A variable or
+constant operand is laid out for the op at compile time, so one copy of each of its pieces is
+in place: only the other tiles sharing the piece (``sn - 1`` of ``sn`` for the ``[M, K]``
+side, ``sm - 1`` of ``sm`` for the ``[K, N]`` side) receive and hold it. The available memory proportion ``p``
 (per op: builder.setAvailableMemoryProportion, MultiConv; else SessionOptions.matmulOptions /
 convolutionOptions["availableMemoryProportion"]; else Poplar's default 0.6) bounds it to
 ``p · tile_bytes`` per tile: a tile whose pieces do not fit works in ``passes`` row slices,

@@ -10,14 +10,22 @@ following ``prepareDevice(); weightsFromHost()`` continues exactly where the sav
 
 The engine cache (``enableEngineCaching``, folder ``cachePath``, or the environment variable
 ``POPART_CACHE_DIR``): ``prepareDevice`` looks for ``<folder>/<key>.popart``, where the key
-hashes the same fingerprint and the package versions. The simulator's compile is the IR passes,
-which the session runs when it is built; an entry records that compile and a hit is logged and
-counted (``engine_cache_stats``). A corrupted entry is logged once and written again.
+hashes the same fingerprint, the device (its full spec, type and sync pattern), the builder's
+input settings and output locations, the package versions and the device model's source files
+(path, size, modification time of device/, ops/, ir/ and the tensor locations: an edit there
+misses). As in PopART the IR is still built on
+a hit (the key hashes it); what a hit skips is our equivalent of the Poplar compile, the device
+model's analysis (``device.analysis.analyse``): the entry stores its result as JSON and arrays
+(``device/model_io.py``), so memory, cycles, reports and the fit verdict are those of a miss.
+An entry is written on a miss even when the model does not fit, so a hit raises the same
+``OutOfMemoryException``. Hits, misses, writes and corrupt entries are counted
+(``engine_cache_stats``); a corrupted entry is logged once and written again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -25,8 +33,12 @@ import os
 import sys
 from pathlib import Path
 
+from ..device.analysis import DeviceModel
+from ..device.model_io import model_from_json, model_to_json
 from ..errors import popart_exception
 from ..ir.dump import ir_to_json
+from ..tensorinfo import input_settings_from_model
+from ..transforms.tensor_locations import output_locations_from_model
 from . import read_executable_file, write_executable_file
 
 __all__ = ["ExecutableMixin", "engine_cache_stats"]
@@ -46,6 +58,26 @@ _WARNED: set[str] = set()
 def _versions() -> dict[str, str]:
     package = sys.modules[__name__.split(".")[0]]
     return {"popart_backend": getattr(package, "__version__", "unknown")}
+
+
+# The sources the device model's analysis runs (what an entry stores): an edit misses.
+_ANALYSIS_SOURCES = ("device", "ops", "ir", "transforms/tensor_locations.py")
+
+
+@functools.lru_cache(maxsize=1)
+def _sources_stamp() -> str:
+    """A hash of the analysis' source files (relative path, size, modification time), once per
+    process: an engine cache entry written by other device-model code is never reused."""
+    root = Path(__file__).resolve().parents[1]
+    paths = []
+    for name in _ANALYSIS_SOURCES:
+        path = root / name
+        paths.extend(path.rglob("*.py") if path.is_dir() else [path])
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(root)}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
 
 
 def _options_text(options) -> str:
@@ -163,12 +195,10 @@ class ExecutableMixin:
                   filename)
 
     def _device_built(self) -> None:
-        """Called by prepareDevice once the device exists: restore a loaded RNG state and
-        look up / write the engine cache."""
+        """Called by prepareDevice once the device exists: restore a loaded RNG state."""
         if self._pending_rng_state is not None:
             self._device.set_rng_state(self._pending_rng_state)
             self._pending_rng_state = None
-        self._engine_cache()
 
     # --- engine cache -------------------------------------------------------------------------
 
@@ -177,33 +207,63 @@ class ExecutableMixin:
             self._options.cachePath if self._options.enableEngineCaching else "")
         if not folder:
             return None
-        key = hashlib.sha256(json.dumps([self._fingerprint(), _versions()],
-                                        sort_keys=True).encode()).hexdigest()[:32]
-        return Path(folder) / f"{key}.popart"
+        if "_engine_key" not in self.__dict__:
+            info, proto = self._device_info, self._model.proto
+            settings = input_settings_from_model(proto) if proto is not None else {}
+            outputs = output_locations_from_model(proto) if proto is not None else {}
+            engine = repr((info.spec, info.type.name, info.numIpus,
+                           str(getattr(info, "syncPattern", None)),
+                           sorted((k, repr(v)) for k, v in settings.items()),
+                           sorted((k, repr(v)) for k, v in outputs.items())))
+            text = json.dumps([self._fingerprint(), _versions(), engine, _sources_stamp()],
+                              sort_keys=True)
+            self.__dict__["_engine_key"] = hashlib.sha256(text.encode()).hexdigest()[:32]
+        return Path(folder) / f"{self.__dict__['_engine_key']}.popart"
 
-    def _engine_cache(self) -> None:
+    def _cached_device_model(self) -> DeviceModel | None:
+        """prepareDevice's engine cache lookup: the stored device model on a hit, None on a
+        miss, on an unusable entry (logged once, counted; rewritten after the analysis) or
+        with caching off."""
         entry = self._cache_file()
-        if entry is None:
+        if entry is None or not entry.exists():
+            return None
+        try:
+            contents = read_executable_file(entry, _ENGINE_KIND, _versions())
+            if contents.meta.get("fingerprint") != self._fingerprint():
+                raise popart_exception(f"'{entry}' holds another model's engine.")
+            model = model_from_json(contents.meta.get("device_model"), contents.tensors)
+        except popart_exception as exc:
+            engine_cache_stats["corrupt"] += 1
+            if str(entry) not in _WARNED:
+                _WARNED.add(str(entry))
+                _log.warning("Engine cache entry '%s' is unusable (%s); compiling again "
+                             "and replacing it.", entry, exc)
+            return None
+        engine_cache_stats["hits"] += 1
+        _log.info("Engine cache hit: '%s' (the device model's memory and cycles are loaded "
+                  "from it instead of being computed)", entry)
+        return model
+
+    def _device_model_computed(self, model: DeviceModel) -> None:
+        """prepareDevice computed ``model`` (no usable entry): write the entry with caching
+        on, before the fit check so a model that does not fit is cached too."""
+        if self._cache_file() is None:
             return
-        if entry.exists():
-            try:
-                contents = read_executable_file(entry, _ENGINE_KIND, _versions())
-                if contents.meta.get("fingerprint") != self._fingerprint():
-                    raise popart_exception(f"'{entry}' holds another model's engine.")
-            except popart_exception as exc:
-                engine_cache_stats["corrupt"] += 1
-                if str(entry) not in _WARNED:
-                    _WARNED.add(str(entry))
-                    _log.warning("Engine cache entry '%s' is unusable (%s); compiling again "
-                                 "and replacing it.", entry, exc)
-            else:
-                engine_cache_stats["hits"] += 1
-                _log.info("Engine cache hit: '%s' (on the simulator the compile is the IR "
-                          "passes, which ran when the session was built; the hit is recorded, "
-                          "nothing else is loaded)", entry)
-                return
         engine_cache_stats["misses"] += 1
-        self.updateEngineCache()
+        self._write_engine_entry(model)
+
+    def _write_engine_entry(self, model: DeviceModel) -> None:
+        entry = self._cache_file()
+        try:
+            document, arrays = model_to_json(model)
+        except popart_exception as exc:
+            _log.warning("Engine cache entry '%s' not written: %s", entry, exc)
+            return
+        write_executable_file(entry, _ENGINE_KIND, _versions(),
+                              {"fingerprint": self._fingerprint(), "name": self.name,
+                               "device_model": document}, b"", arrays)
+        engine_cache_stats["writes"] += 1
+        _log.info("Engine cache entry written: '%s'", entry)
 
     def updateEngineCache(self) -> None:
         """Write (or replace) this session's engine cache entry; needs ``enableEngineCaching``
@@ -213,9 +273,6 @@ class ExecutableMixin:
             raise popart_exception(
                 "updateEngineCache(): engine caching is off; set "
                 "SessionOptions.enableEngineCaching = True (and cachePath) or POPART_CACHE_DIR.")
-        if self._device is None:
+        if self._device is None or self._device_model is None:
             raise popart_exception("updateEngineCache(): call prepareDevice() first.")
-        write_executable_file(entry, _ENGINE_KIND, _versions(),
-                              {"fingerprint": self._fingerprint(), "name": self.name})
-        engine_cache_stats["writes"] += 1
-        _log.info("Engine cache entry written: '%s'", entry)
+        self._write_engine_entry(self._device_model)

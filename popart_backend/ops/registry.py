@@ -8,6 +8,7 @@ a model with opset V to the highest registered version <= V.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import typing
 from typing import Iterable
@@ -176,7 +177,7 @@ def make_attrs(cls: type[Op], version: int, values: dict, where: str):
             f"{where}: unknown attribute(s) {unknown} for {cls.op_type}-{version}; "
             f"it accepts {sorted(fields) or 'none'}."
         )
-    hints = typing.get_type_hints(attrs_type)
+    hints = _type_hints(attrs_type)
     converted = {k: _convert(v, hints.get(k)) for k, v in values.items()}
     try:
         return attrs_type(**converted)
@@ -191,6 +192,13 @@ def make_attrs(cls: type[Op], version: int, values: dict, where: str):
         raise popart_exception(
             f"{where}: {cls.op_type}-{version} requires attribute(s) {missing}: {exc}"
         ) from None
+
+
+@functools.lru_cache(maxsize=None)
+def _type_hints(attrs_type: type) -> dict:
+    """``typing.get_type_hints`` of an Attrs dataclass, once per class (resolving the string
+    annotations is costly and an Attrs class never changes)."""
+    return typing.get_type_hints(attrs_type)
 
 
 def _convert(value, hint):

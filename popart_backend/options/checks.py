@@ -156,8 +156,9 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
         no_effect("inference runs only the forward program"),
         pending(5, "a forward-only program of an implicitly pipelined training session"),
     ),
+    # Stash buffers for every value leaving its stage (transforms/pipelining.py).
     "stashAllTensorsInferencePipeline": ByMode(
-        pending(5, "stashing every tensor of an inference pipeline"),
+        BUILT,
         no_effect("only inference pipelines read it; training stashes what the backward pass "
                   "needs"),
     ),

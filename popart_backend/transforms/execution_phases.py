@@ -13,13 +13,17 @@ passes and recomputation, then:
    both the forward and the start of the backward pass. The ops the training passes added
    without a phase (gradient sums, optimizer updates) take the latest phase of what they read;
 2. checks that no op reads a value of a later phase;
-3. streams the weights: every weight is loaded (``RemoteLoad``) once per (phase, IPU) that
+3. streams the weights whose tensor location is OffChip (``weightTensorLocationSettings``,
+   ``tensorLocationSettingsOverride``; PopART's defaults keep them on chip, on the IPU of their
+   phases): every such weight is loaded (``RemoteLoad``) once per (phase, IPU) that
    reads it, the readers then read the loaded copy, and a weight updated in place is written
    back (``RemoteStore``) after the update, in the same phase;
-4. streams the activations read two or more phases after the one that made them (the
-   backward pass reading forward activations): ``RemoteStore`` into a streaming-memory buffer
-   (made by ``Init``) right after the producer, ``RemoteLoad`` per later (phase, IPU) of
-   readers. Values read in the same or the next phase stay on chip (the next phase's IPU gets
+4. streams the OffChip activations (``activationTensorLocationSettings``) read two or more
+   phases after the one that made them (the backward pass reading forward activations):
+   ``RemoteStore`` into a streaming-memory buffer
+   (made by ``Init``) of each IPU that reads it, right after the producer (or in the next
+   phase, after the inter-IPU copy, for the other IPU), ``RemoteLoad`` per later (phase, IPU)
+   of readers. Values read in the same or the next phase stay on chip (the next phase's IPU gets
    them through an ``IpuCopy``);
 5. makes the phases run in sequence: every op of phase p + 1 runs after every op of phase p
    (scheduling constraints from the last ops of p to the first ops of p + 1).
@@ -46,14 +50,17 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from typing import Callable
 
 from ..errors import popart_exception
 from ..ir.graph import Graph
 from ..ir.op import ExecutionContext, Op, OpSettings
-from ..ir.tensor import TensorKind, TensorRole
+from ..ir.tensor import Tensor, TensorKind, TensorRole
 from ..ops.registry import AI_GRAPHCORE, create_op
 from ..options.enums import ExecutionPhaseIOSchedule
+from ..options.session_options import SessionOptions
 from ..options.structs import ExecutionPhaseSettings
+from .tensor_locations import resolve_one
 from .virtual_graphs import fill_placement, set_placement
 
 __all__ = ["ExecutionPhases", "backward_phase"]
@@ -81,8 +88,9 @@ class ExecutionPhases:
 
     name = "execution_phases"
 
-    def __init__(self, settings: ExecutionPhaseSettings, training: bool):
-        self.settings = settings
+    def __init__(self, options: SessionOptions, training: bool):
+        self.options = options
+        self.settings: ExecutionPhaseSettings = options.executionPhaseSettings
         self.training = training
 
     def run(self, ir) -> bool:
@@ -99,8 +107,13 @@ class ExecutionPhases:
                        contexts=tuple(ExecutionContext))
         self._check_order(order)
         keep = set(ir.anchors) | set(graph.outputs)
-        weights = self._stream_weights(graph, order, set(ir.sharded_variables))
-        activations = self._stream_activations(graph, order, keep)
+        position = {op.id: i for i, op in enumerate(order)}
+
+        def off_chip(tensor) -> bool:
+            return resolve_one(tensor, self.options, position, ir.sharded_variables).off_chip
+
+        weights = self._stream_weights(graph, order, set(ir.sharded_variables), off_chip)
+        activations = self._stream_activations(graph, order, keep, off_chip)
         self._phases_in_sequence(graph)
         _log.debug("execution_phases: %d phase(s), %d weight load(s), %d activation(s) "
                    "streamed", len({_phase(op) for op in graph.ops.values()}), weights,
@@ -127,12 +140,15 @@ class ExecutionPhases:
             return phase - 1
         return phase
 
-    def _stream_weights(self, graph: Graph, order: list[Op], sharded: set[str]) -> int:
+    def _stream_weights(self, graph: Graph, order: list[Op], sharded: set[str],
+                        off_chip: Callable[[Tensor], bool]) -> int:
         loads = 0
         position = {op.id: i for i, op in enumerate(order)}
         for tensor in list(graph.tensors.values()):
             if tensor.kind is not TensorKind.VARIABLE or tensor.role is not TensorRole.WEIGHT:
                 continue
+            if not off_chip(tensor):
+                continue  # on chip: it stays on the IPU of its phases
             readers = sorted({op.id: op for op in tensor.consumers}.values(),
                              key=lambda op: position[op.id])
             if not readers:
@@ -180,7 +196,8 @@ class ExecutionPhases:
         if value is None:  # an update without an output: store once it has written the copy
             graph.add_constraint(writer, store)
 
-    def _stream_activations(self, graph: Graph, order: list[Op], keep: set[str]) -> int:
+    def _stream_activations(self, graph: Graph, order: list[Op], keep: set[str],
+                            off_chip: Callable[[Tensor], bool]) -> int:
         streamed = 0
         schedule = self.settings.activationIOSchedule
         for op in order:
@@ -195,7 +212,7 @@ class ExecutionPhases:
                 for reader in {r.id: r for r in out.consumers}.values():
                     if _phase(reader) >= made + 2:
                         far[(_phase(reader), reader.settings.ipu or 0)].append(reader)
-                if not far:
+                if not far or not off_chip(out):
                     continue
                 self._stream_activation(graph, op, out.id, far, schedule)
                 streamed += 1
@@ -204,21 +221,31 @@ class ExecutionPhases:
     def _stream_activation(self, graph: Graph, producer: Op, tid: str,
                            far: dict[tuple[int, int], list[Op]],
                            schedule: ExecutionPhaseIOSchedule) -> None:
+        """One streaming-memory buffer per IPU that loads ``tid`` (each IPU has its own
+        streaming memory): on the producer's IPU it is stored in the producer's phase, on
+        another IPU in the next phase (after the inter-IPU copy)."""
         info = graph.tensors[tid].info
-        ipu, made = producer.settings.ipu or 0, _phase(producer)
-        buffer = graph.unique_id(f"RemoteBuffer___{tid}")
-        graph.add_op(create_op(
-            "Init", {"shape": tuple(info.shape), "data_type": info.dtype.onnx, "init_type": 0},
-            OpSettings(name=f"Init___{buffer}", ipu=ipu, execution_phase=made),
-            domain=AI_GRAPHCORE, where=buffer), [], [buffer])
-        stored = graph.unique_id(f"{tid}/remote")
-        graph.add_op(create_op("RemoteStore", {}, OpSettings(
-            name=f"RemoteStore___{stored}", ipu=ipu, execution_phase=made,
-            schedule_priority=_STORE_PRIORITY), domain=AI_GRAPHCORE, where=stored),
-            [buffer, tid], [stored])
+        made = _phase(producer)
+        buffers: dict[int, str] = {}
         for (phase, dest), readers in sorted(far.items()):
+            if dest not in buffers:
+                store_phase = made if dest == (producer.settings.ipu or 0) else made + 1
+                buffer = graph.unique_id(f"RemoteBuffer___{tid}")
+                graph.add_op(create_op(
+                    "Init", {"shape": tuple(info.shape), "data_type": info.dtype.onnx,
+                             "init_type": 0},
+                    OpSettings(name=f"Init___{buffer}", ipu=dest, execution_phase=store_phase),
+                    domain=AI_GRAPHCORE, where=buffer), [], [buffer])
+                stored = graph.unique_id(f"{tid}/remote")
+                graph.add_op(create_op("RemoteStore", {}, OpSettings(
+                    name=f"RemoteStore___{stored}", ipu=dest, execution_phase=store_phase,
+                    schedule_priority=_STORE_PRIORITY), domain=AI_GRAPHCORE, where=stored),
+                    [buffer, tid], [stored])
+                buffers[dest] = stored
+            stored = buffers[dest]
+            store_phase = _phase(graph.tensors[stored].producer)
             loaded = graph.unique_id(f"{tid}/phase{phase}")
-            load_phase = max(made + 1, self._load_phase(phase, schedule))
+            load_phase = max(store_phase + 1, self._load_phase(phase, schedule))
             graph.add_op(create_op("RemoteLoad", {}, OpSettings(
                 name=f"RemoteLoad___{loaded}", ipu=dest, execution_phase=load_phase),
                 domain=AI_GRAPHCORE, where=loaded), [stored], [loaded])

@@ -15,18 +15,13 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
-
 from ..errors import popart_exception
-from ..ir.op import ExecutionContext, OpSettings
-from ..ir.tensor import TensorInfo, TensorKind, TensorRole
+from ..ir.op import ExecutionContext
 from ..ir.verify import verify
-from ..dtypes import DataType
-from ..ops.registry import create_op
 from ..options.enums import VirtualGraphMode
 from ..options.planning import conv_half_partials, matmul_half_partials
 from .apply_patterns import ApplyPatterns
-from .autodiff import GRADIENT_PREFIX, Autodiff
+from .autodiff import Autodiff
 from .const_fold import FoldConstants
 from .decompose_grad_sum import DecomposeGradSums
 from .execution_phases import ExecutionPhases
@@ -152,8 +147,9 @@ def multi_ipu_passes(options, placement: Placement, loss_id: str | None, depth: 
         passes.append(Recompute(options.autoRecomputation))
     if placement.mode is VirtualGraphMode.ExecutionPhases:
         # After recomputation: the clones run in the backward phases too.
-        passes.append(ExecutionPhases(options.executionPhaseSettings, loss_id is not None))
-    return passes + [InsertPipelineStashes(), InsertIpuCopies(placement)]
+        passes.append(ExecutionPhases(options, loss_id is not None))
+    stash_all = loss_id is None and options.stashAllTensorsInferencePipeline
+    return passes + [InsertPipelineStashes(stash_all), InsertIpuCopies(placement)]
 
 
 def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,

@@ -233,6 +233,7 @@ class _Location:
     tensor_id: str
     stage: int
     restore_stages: set[int] = field(default_factory=set)
+    last_read: int = 0  # stash-all: the last stage reading the value on another IPU
 
 
 class InsertPipelineStashes:
@@ -241,16 +242,27 @@ class InsertPipelineStashes:
 
     name = "insert_pipeline_stashes"
 
+    def __init__(self, stash_all: bool = False):
+        """``stash_all``: ``stashAllTensorsInferencePipeline`` of an inference session; a
+        value that leaves its producer's stage for another IPU is then stashed too, on its
+        producer's IPU (ring of ``lastReaderStage - stage + 1`` entries), and copied from the
+        restored entry. Only memory changes: the restore returns what was just stashed."""
+        self.stash_all = stash_all
+
     def run(self, ir) -> bool:
         if not ir.stage_ipus:
+            if self.stash_all:
+                _log.warning("SessionOptions.stashAllTensorsInferencePipeline has no effect: "
+                             "the session is not pipelined (enablePipelining is False), so "
+                             "no tensor crosses a pipeline stage.")
             return False
         graph = ir.main
         uses = self._uses(graph)
         # Twice: the dry run only learns each stash's ring size; the second adds the ops.
-        plan = _Mover(graph, ir.stage_ipus, None)
+        plan = _Mover(graph, ir.stage_ipus, None, self.stash_all)
         for tensor, op, index in uses:
             plan.value_at(tensor, op.settings.pipeline_stage)
-        mover = _Mover(graph, ir.stage_ipus, plan.locations)
+        mover = _Mover(graph, ir.stage_ipus, plan.locations, self.stash_all)
         for tensor, op, index in uses:
             tensor_id = mover.value_at(tensor, op.settings.pipeline_stage)
             if tensor_id != tensor.id:
@@ -292,8 +304,9 @@ class _Mover:
     size the ring buffers.
     """
 
-    def __init__(self, graph: Graph, stage_ipus: dict[int, int], sizes):
+    def __init__(self, graph: Graph, stage_ipus: dict[int, int], sizes, stash_all=False):
         self.graph = graph
+        self.stash_all = stash_all
         self.stage_ipu = stage_ipus
         self.dry = sizes is None
         self.sizes = sizes
@@ -320,6 +333,11 @@ class _Mover:
         else:
             # Not on this IPU yet: bring it to the previous stage's IPU, then copy it over.
             source = self.value_at(tensor, stage - 1)
+            if self.stash_all and stage - 1 == home:
+                # stashAllTensorsInferencePipeline: the copy leaves from the stash.
+                home_location = self.locations[home_key]
+                home_location.last_read = max(home_location.last_read, stage)
+                source = self._restore(tensor.id, self.stage_ipu[home], home_location, home)
             result = self._copy(source, self.stage_ipu[stage - 1], ipu, stage - 1)
             self.locations[(tensor.id, ipu)] = _Location(result, stage)
         self.memo[key] = result
@@ -331,7 +349,8 @@ class _Mover:
             return f"<restore {location.tensor_id}@{stage}>"
         stashed = self.stashed.get((value_id, ipu))
         if stashed is None:
-            size = max(self.sizes[(value_id, ipu)].restore_stages) - location.stage + 1
+            planned = self.sizes[(value_id, ipu)]
+            size = max(*planned.restore_stages, planned.last_read) - location.stage + 1
             stashed = self._stash(location.tensor_id, ipu, location.stage, size)
             self.stashed[(value_id, ipu)] = stashed
         graph = self.graph

@@ -50,7 +50,8 @@ from ..errors import popart_exception
 from ..ir.graph import Graph
 from ..ir.op import Op, RecomputeType
 from ..ir.tensor import Tensor, TensorKind, TensorRole
-from ..options.enums import CommGroupType, ReplicatedTensorSharding, TensorStorage
+from ..options.enums import (CommGroupType, ReplicatedTensorSharding, TensorStorage,
+                             VirtualGraphMode)
 from ..options.session_options import SessionOptions
 from ..options.structs import CommGroup, TensorLocation, TensorLocationSettings
 from ..tensorinfo import TileSet
@@ -60,6 +61,7 @@ __all__ = [
     "ResolvedLocation",
     "TensorType",
     "output_locations_from_model",
+    "resolve_one",
     "resolve_tensor_locations",
     "streamed_by_phases",
 ]
@@ -171,6 +173,8 @@ def classify(tensor: Tensor) -> tuple[TensorType | None, str]:
     if tensor.kind is TensorKind.STREAM:
         return None, "host input stream"
     producer = tensor.producer
+    if producer is not None and producer.remote_transfer:
+        return None, f"the on-chip copy {producer.debug_name} loaded from streaming memory"
     if producer is not None and producer.inputs and all(
             t is not None and t.kind is TensorKind.CONST for t in producer.inputs):
         return None, "copy of a constant"
@@ -225,10 +229,24 @@ def resolve_tensor_locations(graph: Graph, order: Sequence[Op], options: Session
     return result
 
 
+def resolve_one(tensor: Tensor, options: SessionOptions, position: dict[int, int],
+                sharded: Mapping[str, object] | None = None) -> ResolvedLocation:
+    """Steps 1-4 for one tensor, from the session options alone (the override map and the
+    settings of its type; builder ``outputTensorLocation`` attributes are not consulted):
+    the execution-phase pass asks which tensors to stream."""
+    kind, fixed_reason = classify(tensor)
+    if kind is None:
+        return ResolvedLocation(tensor.id, None, TensorLocation(), f"OnChip: {fixed_reason}")
+    return _resolve(tensor, kind, options, options.tensorLocationSettingsOverride, {},
+                    position, True, sharded if sharded is not None else {}, phase_query=True)
+
+
 def streamed_by_phases(tensor: Tensor) -> bool:
     """A tensor only RemoteLoad / RemoteStore ops read: a weight or activation buffer the
     execution-phase pass (transforms/execution_phases.py) keeps in streaming memory."""
-    return bool(tensor.consumers) and all(op.remote_transfer for op in tensor.consumers)
+    made_on_chip = tensor.producer is not None and tensor.producer.remote_transfer
+    return (not made_on_chip and bool(tensor.consumers)
+            and all(op.remote_transfer for op in tensor.consumers))
 
 
 def _phase_streamed(tensor: Tensor, kind: TensorType | None,
@@ -245,7 +263,9 @@ def _resolve(tensor: Tensor, kind: TensorType, options: SessionOptions,
              overrides: Mapping[str, TensorLocation],
              output_locations: Mapping[str, TensorLocation], position: dict[int, int],
              has_streaming_memory: bool,
-             sharded: Mapping[str, object] | None = None) -> ResolvedLocation:
+             sharded: Mapping[str, object] | None = None,
+             phase_query: bool = False) -> ResolvedLocation:
+    """``phase_query``: the execution-phase pass asking whether to stream the tensor."""
     settings: TensorLocationSettings = getattr(options, _SETTINGS_FIELD[kind])
     producer = tensor.producer
     if tensor.id in overrides:
@@ -281,6 +301,11 @@ def _resolve(tensor: Tensor, kind: TensorType, options: SessionOptions,
             storage = TensorStorage.OnChip
             reason += "; OnChip as its readers run right after its producer (no window)"
 
+    if storage is TensorStorage.OffChip and kind is TensorType.Activation and (
+            options.virtualGraphMode is VirtualGraphMode.ExecutionPhases) and not phase_query:
+        storage = TensorStorage.OnChip
+        reason += ("; OnChip as execution phases stream activations explicitly and this one "
+                   "is read in its own phase or the next")
     rts, why = rts_candidate(tensor, kind, location, settings, options, nelms,
                              warn=sharded is None)
     domain = location.shardingDomain

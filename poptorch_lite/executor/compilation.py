@@ -23,7 +23,7 @@ import tqdm
 
 import popart_backend as popart
 
-from .. import blocks, optimizer_translation, tracing
+from .. import blocks, optimizer_translation, phased, tracing
 from ..errors import Error
 from ..ops.ipu import apply_io_overlap
 from ..options.enums import OutputMode
@@ -190,7 +190,10 @@ class CompileMixin:
 
     def _place(self, traced: tracing.TracedModel) -> blocks.Placement:
         """Stages and IPUs from the traced blocks and the execution strategy."""
-        placement = blocks.place_model(traced.proto, self._options.execution_strategy)
+        strategy = self._options.execution_strategy
+        if phased.is_phased(strategy):  # SerialPhasedExecution / ParallelPhasedExecution
+            return phased.place_phased(traced.proto, strategy)
+        placement = blocks.place_model(traced.proto, strategy)
         blocks.check_pipeline_depth(placement, self._training,
                                     self._options.Training.gradient_accumulation,
                                     self._options.device_iterations)
@@ -262,7 +265,10 @@ class CompileMixin:
         data_flow = popart.DataFlow(n, anchors)
         # wrapper.rng_state reads and writes the device RNG (getRNGState / setRNGState).
         session_options.enableLoadAndOffloadRNGState = True
-        if placement.multi_ipu:
+        if placement.strategy == "phased":
+            phased.apply_phase_options(session_options, placement,
+                                       self._options.execution_strategy)
+        elif placement.multi_ipu:
             session_options.virtualGraphMode = popart.VirtualGraphMode.Manual
             session_options.enablePipelining = placement.pipelined
         elif session_options.numIOTiles:

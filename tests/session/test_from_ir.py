@@ -13,6 +13,10 @@ X = RNG.standard_normal((2, 3)).astype(np.float32)
 W = RNG.standard_normal((3, 4)).astype(np.float32)
 
 
+def _cpu():
+    return popart.DeviceManager().createCpuDevice()
+
+
 def _model(with_loss: bool = False):
     b = popart.Builder(opsets={"ai.onnx": 11, "ai.graphcore": 1})
     x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]), "x")
@@ -33,15 +37,14 @@ def test_from_ir_runs_the_inference_ir():
     proto, y, _ = _model()
     first = popart.InferenceSession(proto, popart.DataFlow(1, [y]),
                                     popart.DeviceManager().createCpuDevice())
-    session = popart.InferenceSession.fromIr(first.getIr(), popart.DeviceManager().createCpuDevice())
+    session = popart.InferenceSession.fromIr(first.getIr(), _cpu())
     assert session.name == "fromIr"
     assert session.getIr() is not first.getIr()  # its own copy
     assert len(session.getIr().main.ops) == len(first.getIr().main.ops)
     out = _run(session, {"x": X})
     np.testing.assert_allclose(out[y], np.maximum(X @ W, 0), rtol=1e-6, atol=1e-6)
     # The Ir of a session made by fromIr is itself usable by fromIr.
-    again = popart.InferenceSession.fromIr(session.getIr(), popart.DeviceManager().createCpuDevice(),
-                                           name="again")
+    again = popart.InferenceSession.fromIr(session.getIr(), _cpu(), name="again")
     np.testing.assert_allclose(_run(again, {"x": X})[y], np.maximum(X @ W, 0), rtol=1e-6)
 
 
@@ -51,7 +54,7 @@ def test_from_ir_of_a_training_ir_trains():
     training = popart.TrainingSession(
         proto, popart.DataFlow(1, [y]), loss, popart.ConstSGD(lr),
         popart.DeviceManager().createCpuDevice())
-    session = popart.InferenceSession.fromIr(training.getIr(), popart.DeviceManager().createCpuDevice())
+    session = popart.InferenceSession.fromIr(training.getIr(), _cpu())
     session.prepareDevice()
     session.weightsFromHost()
     out = session.initAnchorArrays()
@@ -75,8 +78,8 @@ def test_from_ir_refuses_an_ir_no_session_built():
     first = popart.InferenceSession(proto, popart.DataFlow(1, [y]),
                                     popart.DeviceManager().createCpuDevice())
     with pytest.raises(popart.popart_exception, match="not built by a session"):
-        popart.InferenceSession.fromIr(type(first.getIr())(), popart.DeviceManager().createCpuDevice())
+        popart.InferenceSession.fromIr(type(first.getIr())(), _cpu())
     with pytest.raises(popart.popart_exception, match="ir must be an Ir"):
-        popart.InferenceSession.fromIr(proto, popart.DeviceManager().createCpuDevice())
+        popart.InferenceSession.fromIr(proto, _cpu())
     with pytest.raises(popart.popart_exception, match="deviceInfo is None"):
         popart.InferenceSession.fromIr(first.getIr(), None)

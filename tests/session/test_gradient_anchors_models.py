@@ -7,8 +7,17 @@ from __future__ import annotations
 import pytest
 
 import popart_backend as popart
-from tests.session.test_gradient_anchors import (GRAD, assert_close, attention_layer, cnn, feeds,
-                                                 mlp, run, session_of, torch_grads)
+from tests.session.test_gradient_anchors import (
+    GRAD,
+    assert_close,
+    attention_layer,
+    cnn,
+    feeds,
+    mlp,
+    run,
+    session_of,
+    torch_grads,
+)
 
 
 @pytest.mark.parametrize("make", [mlp, cnn, attention_layer], ids=["mlp", "cnn", "attention"])

@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 import popart_backend as popart
-from tests.options.test_patterns import EFFECT_MODELS, _infer, _RNG, scale_pair  # noqa: F401
+from tests.options.test_patterns import _RNG, EFFECT_MODELS, _infer, scale_pair  # noqa: F401
 
 # The op type each rewrite replaces (the node excludePatterns is set on).
 _REWRITTEN = {"SumToAdd": "Sum", "NegativeOneScale": "Scale", "ExpandCast": "Cast",
@@ -89,7 +89,8 @@ def test_F8_rewrites_apply_in_subgraph_bodies(model):
     for on in (True, False):
         session, arrays = _infer(builder, [out], feeds, _patterns(on))
         body = _body_types(session)
-        assert ("Add" in body and "Sum" not in body) if on else ("Sum" in body and "Add" not in body)
+        present = ("Add", "Sum") if on else ("Sum", "Add")
+        assert present[0] in body and present[1] not in body, (on, body)
         np.testing.assert_allclose(arrays[out], reference(feeds), rtol=1e-5, atol=1e-6)
 
 
@@ -133,7 +134,7 @@ def _node_output(builder, op_type: str) -> str:
 
 @pytest.mark.parametrize("name", sorted(EFFECT_MODELS))
 def test_F8_exclude_patterns_keeps_the_op(name):
-    build, on_types, off_types = EFFECT_MODELS[name]
+    build, _on_types, off_types = EFFECT_MODELS[name]
     opset = 9 if name == "UpsampleToResize" else 10
     builder = popart.Builder(opsets={"ai.onnx": opset, "ai.graphcore": 1})
     x, y, reference, shape = build(builder)
