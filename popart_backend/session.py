@@ -43,6 +43,7 @@ from .options.patterns import Patterns, log_pattern_effects
 from .options.session_options import SessionOptions
 from .report import (PROFILING_DISABLED, Report, profiling_enabled, report_directory,
                      summary_text, write_auto_report)
+from .session_fwd_only import ForwardOnlyMixin, build_forward_only
 from .session_methods import (IrSource, SessionMethodsMixin, check_64bit_inputs,
                               check_64bit_ranges, mark_broadcast_inputs, remember_ir_source)
 from .session_weights import HostWeights, WeightsMixin
@@ -63,7 +64,7 @@ _SYNTHETIC = {
 }
 
 
-class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
+class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin, ForwardOnlyMixin):
     """What inference and training sessions share: import, anchors, device, weights, run.
 
     A subclass sets ``_training`` and overrides the hooks ``_constant_weights()``,
@@ -146,6 +147,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
                 self._check_anchors_exist()
         remember_ir_source(self._ir, IrSource(self._model, dataFlow, self._user_anchors,
                                               userOptions, patterns))
+        self._fwd_only = build_forward_only(self, inputShapeInfo)
         self._finish_init()
 
     def _finish_init(self) -> None:
@@ -302,11 +304,11 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
                 # shapes alone: raises OutOfMemoryException when a tile or an IPU overflows.
                 # An engine cache hit loads it (our Poplar compile) from the entry instead.
                 model = self._cached_device_model()
-                if model is None:
-                    model = analyse(self._ir, execution_order(self._program), self._device_info,
-                                    self._options, BatchInfo.from_program(self._program),
-                                    program=self._program, model=self._model.proto)
-                    self._device_model_computed(model)  # engine cache entry (executable/)
+                if model is None:  # computed, and written to the engine cache (executable/)
+                    model = self._computed_device_model(lambda: analyse(
+                        self._ir, execution_order(self._program), self._device_info,
+                        self._options, BatchInfo.from_program(self._program),
+                        program=self._program, model=self._model.proto))
                 self._device_model = model
                 progress.step(steps, "memory check")
                 self._device_model.check_fits(summary_text(self._device_model))
@@ -357,8 +359,10 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
             )
         return self._device
 
-    def run(self, stepio, debugName: str = "") -> None:  # noqa: N803
+    def run(self, stepio, debugName: str = "", *more) -> None:  # noqa: N803
         """Run one step: batchesPerStep batches, reading inputs and writing anchors."""
+        if isinstance(stepio, str) or more:  # run(programHandle, stepio, debugName="")
+            return self._run_handle(stepio, debugName, *more)
         device = self._ready_device("run()")
         if self._training and self._host_weights and not self._weights_written:
             raise popart_runtime_error(
@@ -377,6 +381,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
         with track_run(RunPosition(self.name, self._runs + 1, self._replication_factor,
                                    self._accumulation_factor, self._ir.main) if checked else None):
             device.run(stepio)
+        self._fwd_only_ran_last = False
         if self._training:
             self._host_weights_in_sync = False  # the device weights moved on
         self._runs += 1
@@ -503,11 +508,11 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin):
                 "SessionOptions.instrumentWithHardwareCycleCounter = True."
             )
         self._ready_device("getCycleCount()")
-        if not self._runs:
+        if not (self._runs or self._fwd_only_ran_last):
             raise popart_exception(
                 "getCycleCount: no run() yet; the counter holds the cycles of the last run."
             )
-        return self._device_model.cycle_count(id)
+        return self._cycle_model().cycle_count(id)
 
 
 class InferenceSession(SessionBase):

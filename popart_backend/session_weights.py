@@ -37,6 +37,10 @@ class HostWeights(MutableMapping):
         self._tensors = tensors  # the IR's main graph tensors (id -> Tensor with .data)
         self._ids = dict.fromkeys(ids)  # ordered set
         self._copies: dict[str, np.ndarray] = {}
+        # Replica-grouped variables read back with AllReplicas / AllReduceReplicas: every
+        # replica's value ([replicas, *S]) as of the last weightsToHost; dropped when the host
+        # value is written (then each replica's value is its group's host entry).
+        self.replica_values: dict[str, np.ndarray] = {}
 
     def __getitem__(self, tensor_id: str) -> np.ndarray:
         value = self._copies.get(tensor_id)
@@ -86,21 +90,35 @@ class WeightsMixin:
         device = self._ready_device("weightsToHost()")
         for tensor_id, value in device.read_weights(self._program.weights).items():
             self._host_weights[tensor_id][...] = value
+        grouped = self._ir.grouped_variables
+        every_replica = [t for t in self._program.weights
+                         if t in grouped and grouped[t].retrieval != "OnePerGroup"]
+        self._host_weights.replica_values.update(device.read_replicas(every_replica))
         self._host_weights_in_sync = True
 
     def readWeights(self, weightsIo: PyWeightsIO) -> None:
-        """Host weights -> the user's arrays in ``weightsIo``."""
+        """Host weights -> the user's arrays in ``weightsIo``. A replica-grouped variable
+        gives what its VariableRetrievalMode asks (ir/replica_grouping.py)."""
         for tensor_id, array in self._weights_io_items(weightsIo, "readWeights"):
             if not array.flags.writeable:
                 raise popart_exception(
                     f"readWeights: the array for weight '{tensor_id}' is read-only."
                 )
-            array[...] = self._host_weights[tensor_id]
+            array[...] = self._retrieved(tensor_id)
+
+    def _retrieved(self, tensor_id: str) -> np.ndarray:
+        host = self._host_weights[tensor_id]
+        grouping = self._ir.grouped_variables.get(tensor_id)
+        if grouping is None or grouping.retrieval == "OnePerGroup":
+            return host
+        replicas = self._host_weights.replica_values.get(tensor_id)
+        return grouping.retrieve(grouping.per_replica(host) if replicas is None else replicas)
 
     def writeWeights(self, weightsIo: PyWeightsIO) -> None:
         """The user's arrays in ``weightsIo`` -> host weights (then call weightsFromHost())."""
         for tensor_id, array in self._weights_io_items(weightsIo, "writeWeights"):
             self._host_weights[tensor_id][...] = array
+            self._host_weights.replica_values.pop(tensor_id, None)
 
     def _weights_io_items(self, weights_io, what: str):
         if not isinstance(weights_io, PyWeightsIO):
@@ -113,6 +131,10 @@ class WeightsMixin:
                     + self._weights_hint(tensor_id)
                 )
             expected = self._host_weights[tensor_id]
+            grouping = self._ir.grouped_variables.get(tensor_id)
+            if grouping is not None and what == "readWeights":
+                shape = grouping.retrieved_shape(self._ir.main.tensors[tensor_id].info.shape)
+                expected = np.empty(shape, expected.dtype)  # the retrieval mode's shape
             if not isinstance(array, np.ndarray) or array.shape != expected.shape or (
                 array.dtype != expected.dtype
             ):
@@ -121,7 +143,8 @@ class WeightsMixin:
                 raise popart_exception(
                     f"{what}: the array for weight '{tensor_id}' is {given}; the weight is "
                     f"{expected.dtype}{list(expected.shape)}. PyWeightsIO arrays hold whole "
-                    f"weights."
+                    f"weights" + (f" (replica-grouped: {grouping.num_groups} groups, retrieval "
+                                  f"{grouping.retrieval})." if grouping is not None else ".")
                 )
             items.append((tensor_id, array))
         return items
@@ -163,6 +186,7 @@ class WeightsMixin:
             updates[init.name] = value
         for tensor_id, value in updates.items():
             self._host_weights[tensor_id][...] = value
+            self._host_weights.replica_values.pop(tensor_id, None)
 
     def modelToHost(self, fn: str) -> None:
         """Write the model with the device's current weights to ``fn`` (F51).

@@ -28,6 +28,7 @@ from ..files import write_bytes_atomic
 from ..importer.graph_walk import captured_names
 from ..importer.onnx_model import LoadedModel, import_model, initializer_value, load_model
 from ..ir.op import RecomputeType
+from ..ir.replica_grouping import VARIABLE_SETTINGS_KEY_PREFIX, encode_variable_settings
 from ..ir.tensor import TensorInfo as IrTensorInfo
 from ..tensorinfo import (
     INPUT_SETTINGS_KEY_PREFIX,
@@ -53,18 +54,10 @@ def _log_once(key: str, message: str, *args) -> None:
 
 
 def _check_variable_settings(settings, tensor_id: str) -> None:
-    """Refuse replica groupings the simulator's replicated training cannot keep."""
     if not isinstance(settings, VariableSettings):
         raise popart_exception(
             f"addInitializedInputTensor('{tensor_id}'): variableSettings must be a "
             f"VariableSettings, got {type(settings).__name__}."
-        )
-    if not settings.is_single_copy():
-        raise popart_exception(
-            f"addInitializedInputTensor('{tensor_id}'): {settings!r} asks for replica-grouped "
-            f"variables (a copy per group, or every replica's value on the host); the simulated "
-            f"replicated training keeps one copy shared by all replicas. Use VariableSettings() "
-            f"(CommGroup All, OnePerGroup or AllReduceReplicas)."
         )
 
 
@@ -348,8 +341,9 @@ class Builder(BuilderAnnotations):
         """An initializer holding ``initVal``: a weight in training.
 
         ``(initVal, debugContext="")`` or ``(initVal, variableSettings, debugContext="")``.
-        Variables shared by every replica (``VariableSettings()``, CommGroup All) are what the
-        simulator trains; other replica groupings are refused (see ``variable_settings.py``)."""
+        With ``VariableSettings`` of several replica groups, ``initVal`` holds one value per
+        group along a leading dimension (see ``variable_settings.py``); the settings are
+        recorded in the model's metadata."""
         settings = kwargs.pop("variableSettings", None)
         if args and isinstance(args[0], VariableSettings):
             settings, args = args[0], args[1:]
@@ -373,6 +367,10 @@ class Builder(BuilderAnnotations):
             _check_variable_settings(settings, debugContext)
         tensor_id = self._unique_id(self._scope() + (debugContext or "init_input"))
         self._graph.initializer.append(numpy_helper.from_array(array, tensor_id))
+        if settings is not None and not settings.is_default():
+            entry = self._model.metadata_props.add()
+            entry.key = VARIABLE_SETTINGS_KEY_PREFIX + tensor_id
+            entry.value = encode_variable_settings(*settings.encoded())
         self._changed()
         return tensor_id
 

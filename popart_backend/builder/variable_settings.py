@@ -1,11 +1,13 @@
 """``VariableSettings``: how a variable is shared between replicas and returned to the host
 (PopART's replica-grouped variables), and ``VariableRetrievalMode``.
 
-A variable shared by every replica (CommGroup All, the default) is what the simulator trains:
-replicated training keeps one value that every replica holds. Groupings with more than one
-group (each group training its own copy) are described and checked here, and refused where a
-variable is created (``Builder.addInitializedInputTensor``), since the replicated passes keep
-one copy per variable.
+A variable shared by every replica (CommGroup All, the default) keeps one value that every
+replica holds. With more than one group each group holds and trains its own copy: its initial
+value has a leading dimension of one entry per group, its gradients are all-reduced within the
+group only, and ``readWeights`` returns one value per group (OnePerGroup), the mean over each
+group's replicas (AllReduceReplicas) or every replica's value (AllReplicas). The Builder
+records the settings in the model (``encoded()``); the importer resolves the groups once the
+replication factor is known (``ir/replica_grouping.py``).
 """
 
 from __future__ import annotations
@@ -174,6 +176,19 @@ class VariableSettings:
                 f"VariableSettings: stride must be >= 1 and groupSize >= 0, got stride "
                 f"{self._stride}, groupSize {self._group_size}."
             )
+
+    def encoded(self) -> tuple[int, int, int, int]:
+        """(CommGroupType value, group size, stride, retrieval mode value) as the model records
+        them (stride 0: a CommGroup's own layout)."""
+        if self._domain is not None or self._group_size == 0:
+            domain = self.getSharedVariableDomain()
+            return domain.type.value, domain.replicaGroupSize, 0, self._mode.value
+        return self.getCommGroupType().value, self._group_size, self._stride, self._mode.value
+
+    def is_default(self) -> bool:
+        """CommGroup All read back once: the settings of a plain variable."""
+        return (self.getCommGroupType() is CommGroupType.All
+                and self._mode is VariableRetrievalMode.OnePerGroup)
 
     def is_single_copy(self) -> bool:
         """True when every replica shares one value and the host gets that one value: what

@@ -87,6 +87,11 @@ class Program:
     persistent: tuple[str, ...] = ()
 
     @property
+    def windowed(self) -> bool:
+        """Whether the micro-batches run in accumulation windows (one pipeline run each)."""
+        return self.has_outer_fragment or self.accumulation_factor > 1
+
+    @property
     def micro_batches_per_run(self) -> int:
         return self.batches_per_step * self.accumulation_factor * self.replication_factor
 
@@ -140,8 +145,9 @@ def lower(ir: Ir, data_flow: DataFlow, replication_factor: int = 1,
         schedule = _stage_order(schedule)
         pipeline = dict(
             num_stages=num_stages,
-            # Accumulation: one pipeline per weight update; else one over batchesPerStep.
-            pipeline_depth=accumulation_factor if has_outer else bps,
+            # Accumulation: one pipeline per weight update (or, in a training session's
+            # forward-only program, per accumulation window); else one over batchesPerStep.
+            pipeline_depth=accumulation_factor if has_outer or accumulation_factor > 1 else bps,
             input_stages=tuple(_stage_of(graph.tensors[i.id], num_stages) for i in inputs),
             anchor_stages=tuple(_stage_of(graph.tensors[a.id], num_stages) for a in anchors),
         )

@@ -62,11 +62,12 @@ from .option_model import OptionModel, early_op_order, early_var_update_order
 from .planner import planner_plan
 from .var_update_merge import group_bytes
 from .spec import IpuSpec
+from .transfers import explicitly_streamed
 
 __all__ = [
     "CATEGORIES", "IO_BUFFERS", "PLANNER_TEMPORARIES", "REMOTE_BUFFERS", "IoBuffer",
     "IpuMemory", "MemoryResult", "TensorMemory", "check_fits", "compute_memory", "format_bytes", "memory_summary",
-    "explicitly_streamed", "recompute_late_order", "storage_roots",
+    "recompute_late_order", "storage_roots",
 ]
 
 _ROLE_CATEGORY = {
@@ -455,25 +456,6 @@ def _storage_roots(order: Sequence[Op]) -> dict[str, str]:
                     root[out.id] = root.get(source.id, source.id)
                     break
     return root
-
-
-def explicitly_streamed(order: Sequence[Op], root: dict[str, str]) -> set[str]:
-    """Storage roots that only RemoteLoad / RemoteStore ops touch (besides an input-less op
-    making the buffer): execution phases stream them explicitly, so the on-chip copies are
-    tensors of their own and the root takes no transient SRAM."""
-    only_remote: dict[str, bool] = {}
-    remote: set[str] = set()
-    for op in order:
-        for t in (*op.outputs, *op.inputs):
-            if t is None:
-                continue
-            base = root.get(t.id, t.id)
-            makes_buffer = not op.inputs and any(o is t for o in op.outputs)
-            only_remote[base] = only_remote.get(base, True) and (
-                op.remote_transfer or makes_buffer)
-            if op.remote_transfer:
-                remote.add(base)
-    return {b for b, ok in only_remote.items() if ok and b in remote}
 
 
 def storage_roots(order: Sequence[Op]) -> dict[str, str]:

@@ -48,7 +48,7 @@ class PipelineInfo:
         return cls(
             num_stages=program.num_stages,
             depth=program.pipeline_depth,
-            runs_per_step=program.batches_per_step if program.has_outer_fragment else 1,
+            runs_per_step=program.batches_per_step if program.windowed else 1,
             input_stages=tuple((i.id, st) for i, st in zip(program.inputs,
                                                             program.input_stages)),
             sync_pattern=getattr(sync_pattern, "name", sync_pattern or "Full"),

@@ -40,6 +40,7 @@ from ..dtypes import DataType, to_host, to_storage
 from ..errors import StepIOError, popart_exception, popart_internal_exception
 from .run_tables import ACC_ADD, ACC_FLUSH, ACC_SET, COPY, anchor_actions
 from .distributed import LocalReplicas, ReplicaComm
+from .grouped_weights import GroupedWeights
 from .lower import AnchorStream, InputStream, Program
 from .plan import DeviceMode, ExecutionPlan, StateSnapshot, to_torch
 
@@ -49,7 +50,7 @@ _log = logging.getLogger("popart:devicex")
 _COPY, _ACC_SET, _ACC_ADD, _ACC_FLUSH = COPY, ACC_SET, ACC_ADD, ACC_FLUSH
 
 
-class SimulatedDevice:
+class SimulatedDevice(GroupedWeights):
     """One compiled Program, ready to run. ``synthetic`` is 'off', 'zeros', 'random_normal'
     or 'random_uniform'.
 
@@ -115,6 +116,7 @@ class SimulatedDevice:
             with torch.no_grad():
                 for tensor_id, sharding in self._sharded.items():
                     self._write_shards(tensor_id, sharding, self.plan.get_value(tensor_id))
+                self._write_all_groups()  # replica-grouped variables: each its group's value
             self._input_slots = [self.plan.slot[i.id] for i in program.inputs]
             self._zero_inputs = [_zeros(i.info) for i in program.inputs]
             self._actions, self._accumulators = anchor_actions(program, self.plan.slot)
@@ -143,7 +145,7 @@ class SimulatedDevice:
     def write_weights(self, values: dict[str, np.ndarray]) -> None:
         """Host -> device for the given weights (shapes and dtypes already checked), on every
         local replica; a sharded variable is split and each replica gets its shard."""
-        slots = self.plan.slot
+        slots, values = self.plan.slot, self._write_grouped(values)
         with torch.no_grad():
             for tensor_id, array in values.items():
                 value = to_torch(array)
@@ -166,8 +168,8 @@ class SimulatedDevice:
         training session hold equal weights, as their gradients are all-reduced). A sharded
         variable is joined from the shards of the replica's group, pads dropped."""
         values, slots = self.plan.replica_values[replica], self.plan.slot
-        out = {}
-        for tensor_id in ids:
+        out = self._read_grouped(ids)  # replica-grouped: each group's first replica
+        for tensor_id in (i for i in ids if i not in out):
             sharding = self._sharded.get(tensor_id)
             if sharding is None:
                 out[tensor_id] = to_host(values[slots[tensor_id]]).copy()

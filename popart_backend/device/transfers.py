@@ -1,7 +1,8 @@
 """What a step moves besides the work of its ops, as the cycle model counts it: how often a step
 runs the schedule and what crosses the host link (``BatchInfo``), tensors copied between IPUs
 over the IPU-Links (``LinkTransfer``) and the streaming-memory loads and stores of off-chip
-tensors (``RemoteTransfer``).
+tensors (``RemoteTransfer``), and which off-chip tensors the IR moves with explicit RemoteLoad /
+RemoteStore ops (``explicitly_streamed``, execution phases).
 
 device/cost.py fills them in; device/io_overlap.py and device/pipeline_cost.py read them, so they
 sit below all three (the cycle model's layering: op_cost, transfers -> io_overlap,
@@ -11,8 +12,9 @@ pipeline_cost -> cost).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
-from ..ir.op import ExecutionContext
+from ..ir.op import ExecutionContext, Op
 
 
 @dataclass(frozen=True)
@@ -84,3 +86,22 @@ class RemoteTransfer:
     stores: int
     cycles: int
     stage: int | None = None  # the pipeline stage whose fragment loads / stores it
+
+
+def explicitly_streamed(order: Sequence[Op], root: dict[str, str]) -> set[str]:
+    """Storage roots that only RemoteLoad / RemoteStore ops touch (besides an input-less op
+    making the buffer): execution phases stream them explicitly, so the on-chip copies are
+    tensors of their own and the root takes no transient SRAM."""
+    only_remote: dict[str, bool] = {}
+    remote: set[str] = set()
+    for op in order:
+        for t in (*op.outputs, *op.inputs):
+            if t is None:
+                continue
+            base = root.get(t.id, t.id)
+            makes_buffer = not op.inputs and any(o is t for o in op.outputs)
+            only_remote[base] = only_remote.get(base, True) and (
+                op.remote_transfer or makes_buffer)
+            if op.remote_transfer:
+                remote.add(base)
+    return {b for b, ok in only_remote.items() if ok and b in remote}

@@ -9,17 +9,18 @@ name, shape and dtype, and only then replaces the session's host variables and s
 following ``prepareDevice(); weightsFromHost()`` continues exactly where the saved session was.
 
 The engine cache (``enableEngineCaching``, folder ``cachePath``, or the environment variable
-``POPART_CACHE_DIR``): ``prepareDevice`` looks for ``<folder>/<key>.popart``, where the key
-hashes the same fingerprint, the device (its full spec, type and sync pattern), the builder's
-input settings and output locations, the package versions and the device model's source files
-(path, size, modification time of device/, ops/, ir/ and the tensor locations: an edit there
-misses). As in PopART the IR is still built on
-a hit (the key hashes it); what a hit skips is our equivalent of the Poplar compile, the device
+``POPART_CACHE_DIR``): ``prepareDevice`` looks for ``<folder>/<key>.popart``. The key hashes the
+same fingerprint (the IR after the passes, hence the input signature), the device (its full
+spec, type and sync pattern), the builder's input settings and output locations, the package
+versions and the device model's sources (path, size and modification time of device/, ops/,
+ir/ and the tensor locations: an edit there misses). As in PopART the IR is still built on a
+hit (the key hashes it); what a hit skips is our equivalent of the Poplar compile, the device
 model's analysis (``device.analysis.analyse``): the entry stores its result as JSON and arrays
-(``device/model_io.py``), so memory, cycles, reports and the fit verdict are those of a miss.
-An entry is written on a miss even when the model does not fit, so a hit raises the same
-``OutOfMemoryException``. Hits, misses, writes and corrupt entries are counted
-(``engine_cache_stats``); a corrupted entry is logged once and written again.
+(``device/model_io.py``) with the warnings the analysis logged, so memory, cycles, reports,
+the fit verdict and the warnings are those of a miss. An entry is written on a miss even when
+the model does not fit, so a hit raises the same ``OutOfMemoryException``. Hits, misses,
+writes and corrupt entries are counted (``engine_cache_stats``); a corrupted entry is logged
+once and written again.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 from ..device.analysis import DeviceModel
 from ..device.model_io import model_from_json, model_to_json
 from ..errors import popart_exception
 from ..ir.dump import ir_to_json
+from ..logging import MODULES as LOGGERS
 from ..tensorinfo import input_settings_from_model
 from ..transforms.tensor_locations import output_locations_from_model
 from . import read_executable_file, write_executable_file
@@ -85,6 +88,17 @@ def _options_text(options) -> str:
               if f.name not in _NOT_COMPILED}
     return repr(sorted((k, sorted(map(repr, v)) if isinstance(v, set) else repr(v))
                        for k, v in values.items()))
+
+
+class _Capture(logging.Handler):
+    """The warnings (and worse) logged while the device model is analysed."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.warnings: list[list] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.warnings.append([record.name, record.levelno, record.getMessage()])
 
 
 class ExecutableMixin:
@@ -232,6 +246,11 @@ class ExecutableMixin:
             if contents.meta.get("fingerprint") != self._fingerprint():
                 raise popart_exception(f"'{entry}' holds another model's engine.")
             model = model_from_json(contents.meta.get("device_model"), contents.tensors)
+            warnings = contents.meta.get("warnings")
+            if not isinstance(warnings, list) or not all(
+                    isinstance(w, list) and len(w) == 3 and w[0] in LOGGERS.values()
+                    and type(w[1]) is int and isinstance(w[2], str) for w in warnings):
+                raise popart_exception(f"'{entry}' has malformed warnings.")
         except popart_exception as exc:
             engine_cache_stats["corrupt"] += 1
             if str(entry) not in _WARNED:
@@ -242,17 +261,30 @@ class ExecutableMixin:
         engine_cache_stats["hits"] += 1
         _log.info("Engine cache hit: '%s' (the device model's memory and cycles are loaded "
                   "from it instead of being computed)", entry)
+        for name, level, message in warnings:  # what the analysis logged when it ran
+            logging.getLogger(name).log(level, "%s", message)
         return model
 
-    def _device_model_computed(self, model: DeviceModel) -> None:
-        """prepareDevice computed ``model`` (no usable entry): write the entry with caching
-        on, before the fit check so a model that does not fit is cached too."""
+    def _computed_device_model(self, analyse: Callable[[], DeviceModel]) -> DeviceModel:
+        """prepareDevice found no usable entry: run ``analyse`` and, with caching on, write the
+        entry before the fit check (a model that does not fit is cached too), with the
+        warnings the analysis logged, which a hit logs again."""
         if self._cache_file() is None:
-            return
+            return analyse()
+        capture = _Capture()
+        loggers = [logging.getLogger(name) for name in sorted(set(LOGGERS.values()))]
+        for logger in loggers:
+            logger.addHandler(capture)
+        try:
+            model = analyse()
+        finally:
+            for logger in loggers:
+                logger.removeHandler(capture)
         engine_cache_stats["misses"] += 1
-        self._write_engine_entry(model)
+        self._write_engine_entry(model, capture.warnings)
+        return model
 
-    def _write_engine_entry(self, model: DeviceModel) -> None:
+    def _write_engine_entry(self, model: DeviceModel, warnings: list | None = None) -> None:
         entry = self._cache_file()
         try:
             document, arrays = model_to_json(model)
@@ -261,7 +293,8 @@ class ExecutableMixin:
             return
         write_executable_file(entry, _ENGINE_KIND, _versions(),
                               {"fingerprint": self._fingerprint(), "name": self.name,
-                               "device_model": document}, b"", arrays)
+                               "device_model": document, "warnings": warnings or []},
+                              b"", arrays)
         engine_cache_stats["writes"] += 1
         _log.info("Engine cache entry written: '%s'", entry)
 

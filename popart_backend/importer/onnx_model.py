@@ -32,6 +32,7 @@ from ..errors import (
 )
 from ..ir.ir import CHECKPOINT_PREFIXES, Ir
 from ..ir.op import OpSettings, RecomputeType
+from ..ir.replica_grouping import grouped_variable, variable_settings_from_model
 from ..ir.tensor import TensorInfo, TensorKind, TensorRole
 from ..limits import ENV_VAR, check_bytes
 from ..ops.control_flow import Body, Loop, SubgraphOp
@@ -244,6 +245,7 @@ def import_model(
     state = _modified_in_place(proto.graph, opsets)
     read_names = (weight_uses | state | {n for node in proto.graph.node for n in node.input}
                   | {o.name for o in proto.graph.output})
+    variable_settings = variable_settings_from_model(proto)
     for init in proto.graph.initializer:
         value = initializer_value(init, loaded.base_dir)
         if init.name.startswith(CHECKPOINT_PREFIXES) and init.name not in read_names:
@@ -258,6 +260,8 @@ def import_model(
         is_weight = info.dtype.is_float and init.name in weight_uses and not constant_weights
         kind = TensorKind.VARIABLE if is_weight or init.name in state else TensorKind.CONST
         tensor = graph.add_tensor(init.name, info, kind, value)
+        if init.name in variable_settings and replicas is not None:
+            _group_variable(ir, tensor, variable_settings[init.name], replicas)
         if init.name in state:
             tensor.role = TensorRole.RUNNING_STAT  # state the graph updates: never trained
         initializer_names.add(init.name)
@@ -279,6 +283,34 @@ def import_model(
         graph.outputs.append(out.name)
     _log.debug("imported %d ops, %d tensors", len(graph.ops), len(graph.tensors))
     return ir
+
+
+def _group_variable(ir: Ir, tensor, settings, replicas: int) -> None:
+    """Record a replica-grouped variable (ir/replica_grouping.py); its info becomes one
+    replica's value, its data stays the host value (one entry per group)."""
+    grouping = grouped_variable(settings, replicas, tensor.id)
+    if grouping.num_groups == 1 and grouping.retrieval != "AllReplicas":
+        return  # one value shared by every replica: a plain variable
+    shape = tensor.info.shape
+    if grouping.num_groups > 1:
+        if tensor.kind is not TensorKind.VARIABLE:
+            raise ModelError(
+                f"Initializer '{tensor.id}' has VariableSettings with {grouping.num_groups} "
+                f"replica groups but is imported as a constant (constantWeights, or not a "
+                f"float weight); a grouped value needs a variable. Build the session with "
+                f"SessionOptions.constantWeights = False."
+            )
+        if not shape or shape[0] != grouping.num_groups:
+            raise ModelError(
+                f"Variable '{tensor.id}' has shape {list(shape)}; its VariableSettings give "
+                f"{grouping.num_groups} groups of replicas {[list(g) for g in grouping.groups]} "
+                f"over {replicas} replicas, so its initial value needs a leading dimension of "
+                f"{grouping.num_groups} (one value per group)."
+            )
+        tensor.info = TensorInfo(tensor.info.dtype, tuple(shape[1:]))
+    elif tensor.kind is not TensorKind.VARIABLE:
+        return  # AllReplicas of a constant: every replica holds the one value
+    ir.grouped_variables[tensor.id] = grouping
 
 
 def _node_where(node: onnx.NodeProto) -> str:

@@ -66,6 +66,10 @@ class Ir:
         # transforms/rts.py): id -> transforms.rts.Sharding. Their info is one shard; their
         # data stays the full host value (the host view of a sharded tensor is unsharded).
         self.sharded_variables: dict = {}
+        # Replica-grouped variables (VariableSettings with several groups, or AllReplicas
+        # retrieval; ir/replica_grouping.py), filled by the importer: id -> GroupedVariable.
+        # Their info is one replica's value; their data the host value, one entry per group.
+        self.grouped_variables: dict = {}
         # Sequence / optional values of the graph's inputs and outputs (an
         # importer.value_io.ValueIO, set by the importer; the session reads it).
         self.value_io = None

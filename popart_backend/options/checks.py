@@ -154,7 +154,7 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
     "replicatedCollectivesSettings": BUILT,  # merged collectives (device/cost.py)
     "createImplicitPipeliningFwdOnlyProgram": ByMode(
         no_effect("inference runs only the forward program"),
-        pending(5, "a forward-only program of an implicitly pipelined training session"),
+        BUILT,  # session_fwd_only.py: run("implicitPipeliningFwdOnly", stepio)
     ),
     # Stash buffers for every value leaving its stage (transforms/pipelining.py).
     "stashAllTensorsInferencePipeline": ByMode(

@@ -18,7 +18,7 @@ import logging
 from ..errors import popart_exception
 from ..ir.op import ExecutionContext
 from ..ir.verify import verify
-from ..options.enums import VirtualGraphMode
+from ..options.enums import ReductionType, VirtualGraphMode
 from ..options.planning import conv_half_partials, matmul_half_partials
 from .apply_patterns import ApplyPatterns
 from .autodiff import Autodiff
@@ -199,7 +199,9 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
             options.meanAccumulationAndReplicationReductionStrategy,
             optimizer.accumulator_dtype))
     # Gradients summed over all (global) replicas before the update.
-    passes.append(AllReduceGradients(context, replication_factor))
+    passes.append(AllReduceGradients(
+        context, replication_factor,
+        mean=options.accumulationAndReplicationReductionType is ReductionType.Mean))
     grad_scale = grad_factor / loss_scaling if const_scaling else grad_factor
     passes.append(ApplyOptimizer(optimizer, context, grad_scale))
     if options.automaticLossScalingSettings.enabled:

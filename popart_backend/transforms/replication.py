@@ -23,6 +23,12 @@ After:
   Gradient___w/allreduced = ReplicatedAllReduce(Gradient___w)
   UpdatedVar___w = SGDUpdate(w, Gradient___w/allreduced)
 
+A replica-grouped weight (``Ir.grouped_variables``: each group of replicas trains its own copy)
+has its gradient all-reduced within its group only (the op's ``comm_group``), so replicas of
+different groups never mix. With Mean reduction the divisions by the global replica count are
+then turned into a division by the group size: a ``Scale`` of (replicas / group size) follows
+the group's all-reduce, so each group's update is the mean over its own replicas.
+
 With several IPUs per replica each all-reduce runs on its weight's IPU (``weight_ipu``): its
 busy time and its buffers belong there, next to the weight's update.
 """
@@ -35,6 +41,7 @@ from ..ir.graph import Graph
 from ..ir.ir import Ir
 from ..ir.op import ExecutionContext, OpSettings
 from ..ops import collectives as _collectives  # noqa: F401 - registers ReplicatedAllReduce
+from ..ops import graphcore_elementwise as _elementwise  # noqa: F401 - registers Scale
 from ..ops.registry import AI_GRAPHCORE, create_op
 
 _log = logging.getLogger("popart:transform")
@@ -51,9 +58,12 @@ class AllReduceGradients:
 
     name = "all_reduce_gradients"
 
-    def __init__(self, context: ExecutionContext, global_replicas: int):
+    def __init__(self, context: ExecutionContext, global_replicas: int, mean: bool = False):
+        """``mean``: the Mean reduction divides the gradients by ``global_replicas`` elsewhere
+        (grad_accumulation.reduction_factors); grouped weights rescale to their group size."""
         self.context = context
         self.global_replicas = global_replicas
+        self.mean = mean
 
     def run(self, ir: Ir) -> bool:
         gradients = dict(ir.weight_grads)
@@ -62,11 +72,23 @@ class AllReduceGradients:
         graph = ir.main
         for weight_id, grad_id in gradients.items():
             out = graph.unique_id(grad_id + ALLREDUCED_SUFFIX)
+            ipu = weight_ipu(graph, weight_id, grad_id)
+            grouping = ir.grouped_variables.get(weight_id)
+            comm_group = grouping.comm_group if grouping is not None else None
             op = create_op("ReplicatedAllReduce", {},
-                           OpSettings(name=out, execution_context=self.context,
-                                      ipu=weight_ipu(graph, weight_id, grad_id)),
+                           OpSettings(name=out, execution_context=self.context, ipu=ipu,
+                                      comm_group=comm_group),
                            domain=AI_GRAPHCORE, where=out)
             graph.add_op(op, [grad_id], [out])
+            group_size = len(grouping.groups[0]) if grouping is not None else 0
+            if self.mean and group_size and group_size != self.global_replicas:
+                scaled = graph.unique_id(out + "/group_mean")
+                scale = create_op("Scale", {"scale": self.global_replicas / group_size},
+                                  OpSettings(name=scaled, execution_context=self.context,
+                                             ipu=ipu),
+                                  domain=AI_GRAPHCORE, where=scaled)
+                graph.add_op(scale, [out], [scaled])
+                out = scaled
             ir.weight_grads[weight_id] = out
         _log.debug("all_reduce_gradients: %d gradients over %d replicas (%s)", len(gradients),
                    self.global_replicas, self.context.name)

@@ -207,7 +207,7 @@ def resolve_tensor_locations(graph: Graph, order: Sequence[Op], options: Session
         if streamed_by_phases(tensor):
             resolved = _phase_streamed(tensor, kind, has_streaming_memory)
         elif kind is None:
-            resolved = ResolvedLocation(tensor.id, None, TensorLocation(),
+            resolved = ResolvedLocation(tensor.id, None, _location(),
                                         f"OnChip: {fixed_reason}")
         else:
             resolved = _resolve(tensor, kind, options, overrides, output_locations, position,
@@ -236,7 +236,7 @@ def resolve_one(tensor: Tensor, options: SessionOptions, position: dict[int, int
     the execution-phase pass asks which tensors to stream."""
     kind, fixed_reason = classify(tensor)
     if kind is None:
-        return ResolvedLocation(tensor.id, None, TensorLocation(), f"OnChip: {fixed_reason}")
+        return ResolvedLocation(tensor.id, None, _location(), f"OnChip: {fixed_reason}")
     return _resolve(tensor, kind, options, options.tensorLocationSettingsOverride, {},
                     position, True, sharded if sharded is not None else {}, phase_query=True)
 
@@ -253,9 +253,9 @@ def _phase_streamed(tensor: Tensor, kind: TensorType | None,
                     has_streaming_memory: bool) -> ResolvedLocation:
     kind = kind or TensorType.Activation  # an activation's buffer (made by Init)
     if not has_streaming_memory:
-        return ResolvedLocation(tensor.id, kind, TensorLocation(),
+        return ResolvedLocation(tensor.id, kind, _location(),
                                 "OnChip: streamed per execution phase" + _NO_STREAMING)
-    return ResolvedLocation(tensor.id, kind, TensorLocation(TensorStorage.OffChip),
+    return ResolvedLocation(tensor.id, kind, _location(TensorStorage.OffChip),
                             "OffChip: streamed per execution phase (RemoteLoad / RemoteStore)")
 
 
@@ -318,8 +318,22 @@ def _resolve(tensor: Tensor, kind: TensorType, options: SessionOptions,
         elif rts is ReplicatedTensorSharding.On:
             rts = ReplicatedTensorSharding.Off
             reason += "; not sharded (transforms/rts.py logs why)"
-    resolved = TensorLocation(storage, location.loadTileSet, location.storageTileSet, rts, domain)
+    resolved = _location(storage, location.loadTileSet, location.storageTileSet, rts, domain)
     return ResolvedLocation(tensor.id, kind, resolved, reason)
+
+
+def _location(storage: TensorStorage = TensorStorage.OnChip,
+              load_tiles: TileSet = TileSet.Compute, storage_tiles: TileSet = TileSet.Compute,
+              rts: ReplicatedTensorSharding = ReplicatedTensorSharding.Off,
+              domain: CommGroup | None = None) -> TensorLocation:
+    """A TensorLocation of values already checked (enum members, a CommGroup of a checked
+    struct): skips the public constructor's per-field type checks, which dominated resolving
+    every tensor's location. Equal to ``TensorLocation(storage, load_tiles, ...)``."""
+    location = object.__new__(TensorLocation)
+    vars(location).update(storage=storage, loadTileSet=load_tiles, storageTileSet=storage_tiles,
+                          replicatedTensorSharding=rts,
+                          shardingDomain=domain if domain is not None else CommGroup())
+    return location
 
 
 def replication_of(options: SessionOptions) -> int:

@@ -207,9 +207,17 @@ def test_initialized_input_with_variable_settings():
         array, popart.VariableSettings(popart.VariableRetrievalMode.AllReduceReplicas), "v")
     assert (default, reduced) == ("w", "v")
     assert builder.isInitializer("w") and builder.isInitializer("v")
+    # Replica-grouped settings are recorded in the model for the session (which knows the
+    # replication factor); the default ones leave the model as it was.
     grouped = popart.VariableSettings(popart.CommGroup(popart.CommGroupType.Consecutive, 2))
-    with pytest.raises(popart.popart_exception, match="replica-grouped variables"):
-        builder.addInitializedInputTensor(array, grouped, "g")
+    assert builder.addInitializedInputTensor(array, grouped, "g") == "g"
     every = popart.VariableSettings(popart.VariableRetrievalMode.AllReplicas)
-    with pytest.raises(popart.popart_exception, match="replica-grouped variables"):
-        builder.addInitializedInputTensor(array, every)
+    builder.addInitializedInputTensor(array, every, "e")
+    proto = onnx.load_from_string(builder.getModelProto())
+    props = {p.key: p.value for p in proto.metadata_props if "variable_settings" in p.key}
+    consecutive = popart.CommGroupType.Consecutive.value
+    all_mode = popart.VariableRetrievalMode.AllReplicas.value
+    assert props == {"__variable_settings:g": f"{consecutive},2,0,0",
+                     "__variable_settings:e": f"0,0,0,{all_mode}"}
+    with pytest.raises(popart.popart_exception, match="must be a VariableSettings"):
+        builder.addInitializedInputTensor(array, variableSettings=3)

@@ -242,3 +242,25 @@ def test_f53_off_chip_and_overlapped_io_round_trip(tmp_path, monkeypatch):
         return session
 
     assert _hit_equals_miss(monkeypatch, overlapped).cycles.overlap is not None
+
+
+def test_f53_hit_logs_the_warnings_of_the_analysis_again(tmp_path, monkeypatch, caplog):
+    """Weights set OffChip on a device without streaming memory: the analysis warns that they
+    stay on chip; a hit, which does not analyse, must still say so."""
+    def build():
+        options = _cached_options(tmp_path)
+        options.weightTensorLocationSettings.location.storage = popart.TensorStorage.OffChip
+        options.weightTensorLocationSettings.minElementsForOffChip = 0
+        flow = popart.DataFlow(1, {"loss": popart.AnchorReturnType("All")})
+        session = popart.TrainingSession(mlp_model(mlp_params(0)), flow, "loss", popart.SGD(
+            {"defaultLearningRate": (0.05, False)}), popart.DeviceManager().createCpuDevice(),
+            userOptions=options)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            session.prepareDevice()
+        return [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
+
+    miss = build()
+    assert any("no streaming memory" in m for _, _, m in miss), miss
+    monkeypatch.setattr(session_module, "analyse", _no_analysis)
+    assert build() == miss

@@ -95,7 +95,7 @@ def _torch_reference(weights, steps: int = 3):
         for w in ws:
             h = torch.tanh(h @ w)
         loss = 0.5 * h.abs().mean()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         for w in ws:
             w.grad = None
         loss.backward()
