@@ -5,7 +5,7 @@ The published configuration (Graphcore's released PopART BERT-Large pretraining,
 sequence 128): 24 encoder layers split [3, 7, 7, 7] over a 4-IPU pipeline (the embeddings with
 the first 3 layers), micro-batch 8, replication 4, gradient accumulation 2048, LAMB, float16,
 optimizer state off chip with replicated tensor sharding, available memory proportion
-[0.15, 0.25, 0.25, 0.25] per IPU, recomputation; it ran at 5,179 sequences/s on a Bow Pod16.
+[0.15, 0.25, 0.25, 0.25] per IPU, pipeline recomputation with a checkpoint per layer; it ran at 5,179 sequences/s on a Bow Pod16.
 
 This script drives the public API only, as a user asking "will it fit" would: it writes a
 BERT-shaped ONNX model (hidden 1024, 16 heads, FFN 4096, vocabulary 30522, float16) whose
@@ -18,14 +18,19 @@ no tensor storage. It prints the fit verdict per IPU (from ``getReport()``), the
 sequences/s of all replicas next to the published figure with the ratio, the wall time and
 the peak host memory of the process.
 
-The head is simplified: the loss is the mean of the encoder output (Graphcore's applications
-add the masked-LM and next-sentence heads, whose decoder shares the embedding matrix on
-IPU 0), so IPU 0 holds a little less here than in the published runs.
+As in the released configuration, every encoder layer's output is a recomputation checkpoint
+(``Builder.checkpointOutput``), and the masked-LM and next-sentence heads run back on IPU 0 as
+a fifth pipeline stage (the MLM decoder is the word embedding matrix). The heads' losses are
+simplified (their shapes are the real ones) and the decoder matmul is not serialised.
 
     python benchmarks/bert_large_fit.py [--layers 24] [--accumulation 2048] [--sweep]
+                                        [--simple-head] [--detach-lookup]
 
 ``--layers N`` keeps the 4-IPU split in proportion (a cut, whose throughput is not comparable
-with the published figure: the script says so). ``--sweep`` also prints the older table: 1, 2
+with the published figure: the script says so). ``--simple-head`` puts the loss (the mean of
+the encoder output) on the last IPU instead of the heads on IPU 0; ``--detach-lookup`` detaches
+the word embedding lookup, so only the decoder's gradient reaches the tied matrix (both are
+what-ifs, not the published configuration). ``--sweep`` also prints the older table: 1, 2
 and 4 Mk2 IPUs without replication, optimizer state on chip and off chip.
 """
 
@@ -49,6 +54,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import popart_backend as popart  # noqa: E402
+
+# ``RecomputeType.Checkpoint`` as the ``__recompute_output_in_backward_pass`` annotation holds it.
+RECOMPUTE_CHECKPOINT = 1
+
+# Masked tokens per sequence of 128 in the released pretraining data (phase 1).
+MASKED_TOKENS = 20
 
 # The older sweep (--sweep): name -> layers per IPU (the embeddings go with the first IPU).
 SPLITS = {"1 IPU": [24], "2 IPUs": [12, 12], "4 IPUs (Graphcore's split)": [3, 7, 7, 7]}
@@ -137,6 +148,15 @@ class _OnnxWriter:
         self.nodes.append(node)
         return output
 
+    def checkpoint(self, x: str) -> str:
+        """``x`` through an Identity marked as a recomputation checkpoint, as
+        ``Builder.checkpointOutput`` writes it: kept (stashed) for the backward pass, so the
+        recomputation restarts from it rather than from the stage input."""
+        output = self.node("Identity", [x])
+        self.nodes[-1].attribute.append(helper.make_attribute(
+            "__recompute_output_in_backward_pass", RECOMPUTE_CHECKPOINT))
+        return output
+
     def close(self) -> None:
         with open(self.data_path, "wb") as f:
             f.truncate(self.offset)  # a hole: zeros, no disk blocks
@@ -144,13 +164,20 @@ class _OnnxWriter:
 
 def write_bert(path: Path, layers_per_ipu: list[int], micro_batch: int, seq: int,
                shape: BertShape = BERT_LARGE,
-               available_memory: tuple[float, ...] | None = None) -> Path:
+               available_memory: tuple[float, ...] | None = None,
+               checkpoints: bool = True, pretraining_heads: bool = True,
+               detach_lookup: bool = False) -> Path:
     """A BERT encoder (post-layer-norm, GELU, additive attention mask) in float16 with a
     scalar float32 loss, written to ``path`` (data next to it, in ``<name>.data``).
 
     The embeddings go with the first layer's IPU, the loss with the last. With more than one
     IPU every node has ``__ipu_number`` and ``__pipeline_stage``; with ``available_memory``
-    every matmul has its IPU's proportion (``__available_memory``)."""
+    every matmul has its IPU's proportion (``__available_memory``). With ``checkpoints``
+    (the default, as Graphcore's released BERT does) every encoder layer's output is a
+    recomputation checkpoint. With ``pretraining_heads`` (the default) the pretraining heads follow the
+    encoder back on the first IPU, as in the released layout (``_heads``); without, the loss
+    is the mean of the encoder output on the last IPU. ``detach_lookup`` detaches the word
+    embedding lookup (a what-if: the word embeddings then learn from the decoder only)."""
     w = _OnnxWriter(path.with_suffix(".data"))
     h, heads, b, s = shape.hidden, shape.heads, micro_batch, seq
     d = h // heads
@@ -170,7 +197,10 @@ def write_bert(path: Path, layers_per_ipu: list[int], micro_batch: int, seq: int
                       epsilon=1e-12)
 
     at(0)
-    word = w.node("Gather", [w.weight("embeddings.word", (shape.vocab, h)), "input_ids"])
+    table = w.weight("embeddings.word", (shape.vocab, h))
+    if detach_lookup:  # only the tied MLM decoder's gradient reaches the word embeddings
+        table = w.node("Detach", [table], domain="ai.graphcore")
+    word = w.node("Gather", [table, "input_ids"])
     positions = w.node("Gather", [w.weight("embeddings.position", (shape.max_positions, h)),
                                   w.const(np.arange(s), np.int32)])
     types = w.node("Gather", [w.weight("embeddings.token_type", (2, h)), "token_type_ids"])
@@ -204,8 +234,14 @@ def write_bert(path: Path, layers_per_ipu: list[int], micro_batch: int, seq: int
                            domain="ai.graphcore")
             x = layer_norm(w.node("Add", [linear(inner, f"{name}.ffn.out", shape.ffn, h), x]),
                            f"{name}.ffn.ln")
+            if checkpoints:
+                x = w.checkpoint(x)
             layer += 1
-    w.node("ReduceMean", [w.node("Cast", [x], to=TensorProto.FLOAT)], "loss", keepdims=0)
+    if pretraining_heads:
+        _heads(w, x, b, s, shape, layer_norm, linear, stage=len(layers_per_ipu),
+               available_memory=available_memory)
+    else:
+        w.node("ReduceMean", [w.node("Cast", [x], to=TensorProto.FLOAT)], "loss", keepdims=0)
     w.close()
     graph = helper.make_graph(
         w.nodes, "bert",
@@ -217,6 +253,40 @@ def write_bert(path: Path, layers_per_ipu: list[int], micro_batch: int, seq: int
                                                     helper.make_opsetid("ai.graphcore", 1)])
     path.write_bytes(model.SerializeToString())
     return path
+
+
+def _heads(w: _OnnxWriter, x: str, b: int, s: int, shape: BertShape, layer_norm, linear,
+           stage: int, available_memory: tuple[float, ...] | None) -> None:
+    """The masked-LM and next-sentence heads with a scalar float32 loss ``loss``.
+
+    As in Graphcore's released BERT, they run on IPU 0 (the MLM decoder is the word
+    embedding matrix, transposed, so it stays with the embeddings) as the last pipeline
+    stage, and the MLM head sees only the ``MASKED_TOKENS`` positions at the start of each
+    sequence (their data pipeline puts the masked tokens first). The losses are simplified
+    (the means of the log-softmaxes): the shapes, hence memory and cycles, are the real
+    ones, except that the released runs also split the decoder matmul over the vocabulary
+    (serialisation), which is not modelled here."""
+    if stage > 1:  # pipelined: a stage of its own on IPU 0
+        w.place = (0, stage)
+    w.available_memory = available_memory[0] if available_memory is not None else None
+    h = shape.hidden
+    masked = w.node("Slice", [x, w.const([0]), w.const([min(MASKED_TOKENS, s)]),
+                              w.const([1])])
+    t = layer_norm(w.node("Gelu", [linear(masked, "cls.transform", h, h)],
+                          domain="ai.graphcore"), "cls.transform.ln")
+    decoder = w.node("Transpose", ["embeddings.word"], perm=[1, 0])
+    logits = w.node("Add", [w.node("MatMul", [t, decoder]),
+                            w.weight("cls.decoder.bias", (shape.vocab,))])
+    mlm = w.node("ReduceMean", [w.node("LogSoftmax", [w.node("Cast", [logits],
+                                                               to=TensorProto.FLOAT)],
+                                       axis=-1)], keepdims=0)
+    first = w.node("Reshape", [w.node("Slice", [x, w.const([0]), w.const([1]), w.const([1])]),
+                               w.const([b, h])])
+    pooled = w.node("Tanh", [linear(first, "cls.pooler", h, h)])
+    nsp = w.node("ReduceMean", [w.node("LogSoftmax", [w.node(
+        "Cast", [linear(pooled, "cls.nsp", h, 2)], to=TensorProto.FLOAT)], axis=-1)],
+        keepdims=0)
+    w.node("Neg", [w.node("Add", [mlm, nsp])], "loss")
 
 
 def options(layers_per_ipu: list[int], accumulation: int, off_chip: bool,
@@ -296,7 +366,7 @@ def comparison_line(model, published: Published, comparable: bool = True) -> str
     line = (f"estimated {estimate:.0f} sequences/s on {ipus} IPUs; published "
             f"{published.sequences_per_second:.0f} sequences/s ({published.system}); "
             f"ratio {ratio:.2f}")
-    return line if comparable else line + " (a cut of the model: not comparable)"
+    return line if comparable else line + " (not the published configuration: not comparable)"
 
 
 def peak_host_bytes() -> int:
@@ -335,6 +405,12 @@ def main(argv=None) -> None:
                         help="also the older 1/2/4-IPU table (Mk2, no replication)")
     parser.add_argument("--recompute", choices=("pipeline", "standard"), default="pipeline",
                         help="autoRecomputation of the sweep's pipelined splits")
+    parser.add_argument("--simple-head", action="store_true",
+                        help="the older layout: the loss (mean of the encoder output) on the "
+                             "last IPU instead of the pretraining heads on IPU 0")
+    parser.add_argument("--detach-lookup", action="store_true",
+                        help="what-if: detach the word embedding lookup, so the tied "
+                             "embedding's gradient comes from the decoder only")
     args = parser.parse_args(argv)
     published = BERT_LARGE_SEQ128
     scale = args.layers / 24
@@ -344,10 +420,15 @@ def main(argv=None) -> None:
         path = Path(tmp) / "bert.onnx"
         start = time.perf_counter()
         write_bert(path, split, published.micro_batch, published.seq,
-                   available_memory=published.available_memory)
+                   available_memory=published.available_memory,
+                   pretraining_heads=not args.simple_head, detach_lookup=args.detach_lookup)
         print(f"wrote BERT ({sum(split)} layers, micro-batch {published.micro_batch}, seq "
-              f"{published.seq}, float16) in {time.perf_counter() - start:.1f} s")
-        comparable = args.layers == 24 and args.accumulation == published.accumulation
+              f"{published.seq}, float16, "
+              f"{'loss on the last IPU' if args.simple_head else 'heads on IPU 0'}"
+              f"{', word lookup detached' if args.detach_lookup else ''}) "
+              f"in {time.perf_counter() - start:.1f} s")
+        comparable = (args.layers == 24 and args.accumulation == published.accumulation
+                      and not args.simple_head and not args.detach_lookup)
         model, lines = run_published(path, published, split, args.accumulation, comparable)
         print("\n".join(lines))
         print(f"wall time {time.perf_counter() - wall:.1f} s, peak host memory "

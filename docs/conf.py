@@ -12,7 +12,7 @@ sys.path.insert(0, str(DOCS / "_ext"))
 
 project = "popart_backend and poptorch_lite"
 author = "the popart_backend developers"
-copyright = "the popart_backend developers"  # noqa: A001 - Sphinx's name
+copyright = "the popart_backend developers"
 release = "0.1.0"
 
 extensions = [

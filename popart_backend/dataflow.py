@@ -332,15 +332,31 @@ class PyStepIO(IStepIO):
     (it only matters when runtime asserts are off and an array holds more than one step).
     Output arrays are filled the same way. A sequence input or output takes a list of such
     arrays, one per element, each with its own position; an absent optional takes None.
+
+    Lite extensions (for frontends such as ``poptorch_lite``): an input may also be a CPU torch
+    tensor (read in place when it is contiguous and of the input's storage type, else through
+    its numpy view); with ``allocate_outputs=True`` ``outputs`` must be empty and each run sets
+    ``outputs[id]`` to a new tensor of the anchor's host shape (``initAnchorArrays``' shape;
+    a torch tensor, a numpy array for types torch cannot hold). When one run fetches the anchor
+    once and the device's result tensor has no other owner, that tensor itself is handed over
+    (no copy); otherwise the run allocates the tensor (uninitialised) and writes it once. A
+    tensor a run returned never changes in later runs.
     """
 
-    def __init__(self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]):
+    def __init__(self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray], *,
+                 allocate_outputs: bool = False):
         if not isinstance(inputs, Mapping) or not isinstance(outputs, Mapping):
             raise popart_exception(
                 "PyStepIO(inputs, outputs): both must be dicts {tensor id: numpy array}."
             )
+        if allocate_outputs and outputs:
+            raise popart_exception(
+                f"PyStepIO(inputs, outputs, allocate_outputs=True): the run allocates the "
+                f"outputs, so pass an empty outputs dict, not one holding {sorted(outputs)}."
+            )
         self.inputs = dict(inputs)
         self.outputs = dict(outputs)
+        self.allocate_outputs = bool(allocate_outputs)
         self.runtime_asserts = True
         # Element offsets of the next chunk, per tensor id (the wrap-around state).
         self.input_offsets: dict[str, int] = {}

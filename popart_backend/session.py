@@ -373,6 +373,11 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin, ForwardOnl
             _log.debug("run '%s'", debugName)
         _log.log(_TRACE, "Session::run")
         if self._value_io:
+            if isinstance(stepio, PyStepIO) and stepio.allocate_outputs:
+                raise popart_exception(
+                    "run(): this model has sequence or optional inputs/outputs, whose host "
+                    "arrays the step IO must provide; use PyStepIO(inputs, "
+                    "session.initAnchorArrays()) instead of allocate_outputs=True.")
             streams = {s.id: s.info for s in (*self._program.inputs, *self._program.anchors)}
             stepio = self._value_io.flatten_step_io(stepio, streams)
         if self._options.enableSupportedDataTypeCasting and isinstance(stepio, PyStepIO):

@@ -96,6 +96,8 @@ def check_64bit_ranges(program, stepio) -> None:
     for stream in program.inputs:
         cast = _CAST_64.get(stream.info.dtype)
         array = stepio.inputs.get(stream.id)
+        if isinstance(array, torch.Tensor) and cast is not None:
+            array = array.detach().cpu().numpy()  # a lite PyStepIO input (dataflow.py)
         if cast is None or not isinstance(array, np.ndarray) or array.size == 0 \
                 or array.dtype != stream.info.dtype.numpy:
             continue

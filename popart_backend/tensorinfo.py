@@ -283,7 +283,7 @@ class InputSettings:
                 f"{exchangeStrategy!r}."
             )
         # Broadcast: the host array has no replica dimension and every replica reads the same
-        # value (device/simulator.py _bind_inputs).
+        # value (device/stream_io.py bind_inputs).
         self._tile_set = tileSet
         self._exchange_strategy = exchangeStrategy
         self._replicated_stream_mode = mode

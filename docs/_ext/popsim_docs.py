@@ -28,6 +28,7 @@ import re
 import traceback
 import types
 import warnings
+from typing import ClassVar
 
 from docutils import nodes
 from docutils.parsers.rst import directives
@@ -239,7 +240,7 @@ def _autodoc_directive(module_name: str, name: str, also: dict[int, str]) -> lis
     value = getattr(module, name)
     full = f"{module_name}.{name}"
     if id(value) in also:  # the same object is documented under another name
-        return [f".. py:data:: {full}", "",
+        return [f".. py:data:: {name}", "",
                 f"   The same object as :py:obj:`{also[id(value)]}`.", ""]
     if isinstance(value, type):
         if _NO_MEMBERS.match(name):
@@ -255,7 +256,7 @@ class ApiReferenceDirective(SphinxDirective):
     """Autodoc entries for every public name of a module, classes first."""
 
     required_arguments = 1
-    option_spec = {"same-as": directives.unchanged}
+    option_spec: ClassVar[dict] = {"same-as": directives.unchanged}
 
     def run(self):
         module_name = self.arguments[0]
@@ -296,7 +297,7 @@ class RunnableDirective(SphinxDirective):
     """Run the block's Python code now; show it and its printed output."""
 
     has_content = True
-    option_spec = {"hide-output": directives.flag}
+    option_spec: ClassVar[dict] = {"hide-output": directives.flag}
 
     def run(self):
         code = "\n".join(self.content)
@@ -306,7 +307,8 @@ class RunnableDirective(SphinxDirective):
         with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out):
             warnings.simplefilter("always")
             try:
-                exec(compile(code, f"<{self.env.docname} example>", "exec"), namespace)
+                # The page's own example code, run as the reader would run it.
+                exec(compile(code, f"<{self.env.docname} example>", "exec"), namespace)  # noqa: S102
             except Exception:  # noqa: BLE001 - any failure fails the build
                 raise ExtensionError(
                     f"{self.env.docname}: an example on this page no longer runs:\n{code}\n\n"

@@ -28,7 +28,6 @@ from ..files import write_bytes_atomic
 from ..importer.graph_walk import captured_names
 from ..importer.onnx_model import LoadedModel, import_model, initializer_value, load_model
 from ..ir.op import RecomputeType
-from ..ir.replica_grouping import VARIABLE_SETTINGS_KEY_PREFIX, encode_variable_settings
 from ..ir.tensor import TensorInfo as IrTensorInfo
 from ..tensorinfo import (
     INPUT_SETTINGS_KEY_PREFIX,
@@ -367,10 +366,8 @@ class Builder(BuilderAnnotations):
             _check_variable_settings(settings, debugContext)
         tensor_id = self._unique_id(self._scope() + (debugContext or "init_input"))
         self._graph.initializer.append(numpy_helper.from_array(array, tensor_id))
-        if settings is not None and not settings.is_default():
-            entry = self._model.metadata_props.add()
-            entry.key = VARIABLE_SETTINGS_KEY_PREFIX + tensor_id
-            entry.value = encode_variable_settings(*settings.encoded())
+        if settings is not None:
+            settings._record(self._model, tensor_id)
         self._changed()
         return tensor_id
 

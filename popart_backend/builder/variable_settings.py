@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 
 from ..errors import popart_exception
+from ..ir.replica_grouping import VARIABLE_SETTINGS_KEY_PREFIX, encode_variable_settings
 from ..options.enums import CommGroupType
 from ..options.structs import CommGroup, ReplicaGrouping
 
@@ -184,6 +185,17 @@ class VariableSettings:
             domain = self.getSharedVariableDomain()
             return domain.type.value, domain.replicaGroupSize, 0, self._mode.value
         return self.getCommGroupType().value, self._group_size, self._stride, self._mode.value
+
+    def _record(self, model, tensor_id: str) -> None:
+        """Record these settings for initializer ``tensor_id`` in ``model`` (an
+        ``onnx.ModelProto``), replacing earlier ones; the default settings record nothing.
+        Used by the Builder and by poptorch_lite's ``replicaGrouping``."""
+        key = VARIABLE_SETTINGS_KEY_PREFIX + tensor_id
+        kept = [p for p in model.metadata_props if p.key != key]
+        del model.metadata_props[:]
+        model.metadata_props.extend(kept)
+        if not self.is_default():
+            model.metadata_props.add(key=key, value=encode_variable_settings(*self.encoded()))
 
     def is_default(self) -> bool:
         """CommGroup All read back once: the settings of a plain variable."""

@@ -17,7 +17,10 @@ Off-chip tensors (tensor locations) cross to streaming memory: a RemoteLoad befo
 each fragment execution that uses an off-chip variable and a RemoteStore after one that writes it;
 an off-chip activation is stored once and loaded for each reader. Each transfer costs bytes / the
 host link bandwidth (streaming memory is reached over the host / gateway link; no separate figure
-is published) plus an IPU sync, and belongs to the fragment it runs in.
+is published) plus an IPU sync, and belongs to the fragment it runs in. Execution phases
+(transforms/execution_phases.py) put explicit RemoteLoad / RemoteStore ops in the IR: then each
+of those ops is one transfer, and a load prefetched on an IPU that computes nothing in its phase
+(the Preload IO schedule) hides behind that phase's compute (``phase_prefetch_cycles``).
 
 A step (one ``run()``) of an unpipelined program executes the schedule serially:
 ``batchesPerStep × accumulationFactor`` micro-batches of the Normal fragment, ``batchesPerStep``

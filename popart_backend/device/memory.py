@@ -18,7 +18,8 @@ Off-chip tensors (tensor locations) live in the IPU's streaming memory pool
 first to its last use within each fragment (Normal, accumulate outer fragment) that reads it, an
 activation at its producer and at each reader (it is stored after it is made and loaded for each
 use). These transient copies are the "remote buffers" category, part of the peak over the
-schedule.
+schedule. A tensor execution phases stream with explicit RemoteLoad / RemoteStore ops has no
+transient copies: the loaded copies are tensors of the graph, counted as activations.
 
 IO tiles: with ``numIOTiles`` = n, the last n tiles of each IPU are IO tiles and the
 first tilesPerIPU - n compute tiles hold everything else. Each host stream on ``TileSet.IO``
@@ -359,7 +360,7 @@ def compute_memory(graph: Graph, order: Sequence[Op], spec: IpuSpec,
     for ipu in range(count):
         mine = [s for s in items if s.ipu == ipu]
         ops = [op for op in order if _ipu(op) == ipu]
-        memory = _ipu_memory(ipu, mine, ops, position, spec, num_io_tiles)
+        memory = _ipu_memory(ipu, mine, ops, position, spec, num_io_tiles, root)
         pool = sorted(streaming.get(ipu, ()), key=lambda t: (-t.info.num_bytes, t.id))
         memory.streaming_bytes = sum(t.info.num_bytes for t in pool)
         memory.streaming_tensors = tuple(t.id for t in pool)
@@ -496,7 +497,8 @@ class _TileMap:
 
 
 def _ipu_memory(ipu: int, items: list[_Span], ops: list[Op], position: dict[int, int],
-                spec: IpuSpec, num_io_tiles: int) -> IpuMemory:
+                spec: IpuSpec, num_io_tiles: int,
+                root: dict[str, str] | None = None) -> IpuMemory:
     compute_tiles = spec.num_tiles - num_io_tiles
     maps = {_COMPUTE: _TileMap(0, compute_tiles, spec.tile_grain_bytes),
             _IO: _TileMap(compute_tiles, num_io_tiles, spec.tile_grain_bytes)}
@@ -518,13 +520,14 @@ def _ipu_memory(ipu: int, items: list[_Span], ops: list[Op], position: dict[int,
             categories[t.category] += t.num_bytes
             maps[t.tile_set].add(base, t)
 
-    # Code: a base per tile, plus vertex state on each compute tile where an op has work.
+    # Code: a base per tile, plus vertex state on each compute tile where an op has work: the
+    # tiles of its largest output's storage (an in-place output is its input's storage), or,
+    # when no output has storage here (a copy out, a store), of its largest input.
     placed = {t.id: t for t in tensors if t.tile_set == _COMPUTE}
+    root = root or {}
     code = np.full(spec.num_tiles, spec.tile_code_base_bytes, dtype=np.int64)
     for op in ops:
-        largest = max((t for t in op.outputs if t is not None), default=None,
-                      key=lambda t: t.info.num_bytes)
-        where = placed.get(largest.id) if largest is not None else None
+        where = _work_tiles(op, placed, root)
         count = where.num_tiles if where is not None else 1
         first = where.first_tile if where is not None else 0
         code[np.arange(first, first + max(count, 1)) % max(compute_tiles, 1)] += (
@@ -573,6 +576,18 @@ def _ipu_memory(ipu: int, items: list[_Span], ops: list[Op], position: dict[int,
         code_bytes_per_tile=code,
         num_io_tiles=num_io_tiles,
     )
+
+
+def _work_tiles(op: Op, placed: dict[str, TensorMemory],
+                root: dict[str, str]) -> TensorMemory | None:
+    """The placed tensor whose tiles hold ``op``'s work: its largest output with storage on
+    this IPU, else its largest such input (None when neither has any)."""
+    for side in (op.outputs, op.inputs):
+        found = [placed[root.get(t.id, t.id)] for t in side
+                 if t is not None and root.get(t.id, t.id) in placed]
+        if found:
+            return max(found, key=lambda t: t.num_bytes)
+    return None
 
 
 def memory_summary(result: MemoryResult, top: int = 5) -> str:

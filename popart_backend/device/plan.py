@@ -13,6 +13,10 @@ A pipelined plan (``num_stages`` > 0) also splits the Normal fragment by pipelin
 Slot frees come from the stage-ordered schedule (lower.py), so they hold however the run loop
 interleaves stages within a cycle.
 
+Static memory plan (device/arena.py): outputs of ops with an into-kernel
+(``Op.writes_into``) get a view of a preallocated per-dtype arena, placed by liveness; their
+step runs ``op.kernel_into`` with that view's slot (``buffer_slots``) as its first input.
+
 Replicas (DESIGN decision 6): the steps and slot numbers are shared, the values are
 not. ``add_replicas(n)`` gives each local replica its own slot list (``replica_values``) with
 its own copy of every variable (weights, optimizer state, accumulators, running statistics,
@@ -39,6 +43,7 @@ from ..ops.control_flow import use_body_compiler
 from ..ops.state_journal import JournaledWrites, StateJournal
 from ..ops.rounding import generic_rounding, stochastically_rounded
 from ..ops.string_tensors import kernel_for
+from .arena import plan_arena
 from .fp_position import current_position
 
 
@@ -116,6 +121,14 @@ class ExecutionPlan:
             if s in produced:
                 frees.setdefault(position, []).append(s)
 
+        # The static memory plan (device/arena.py): outputs written into preallocated arena
+        # views, one extra slot per buffer holding each replica's view.
+        self.arena = plan_arena(raw_steps, {self.slot[t] for t in keep}, num_stages)
+        self.buffer_slots: dict[int, int] = {}
+        for s in self.arena.buffers:
+            self.buffer_slots[s] = len(values)
+            values.append(None)
+
         # The run journal (ops/state_journal.py): in-place writes of state (variables, kept
         # tensors) are recorded at their first write in a run, so a failed run can be undone.
         self.journal = StateJournal()
@@ -147,6 +160,10 @@ class ExecutionPlan:
                 kernel = alias_checked(op, kernel)
             if checks.modify:
                 kernel = modify_checked(op, kernel)
+            if single and outs[0] in self.buffer_slots:
+                # Checks, rounding and journaling never apply here (arena._eligible): the
+                # into-kernel takes its output buffer first, then the op's inputs.
+                kernel, ins = op.kernel_into, (self.buffer_slots[outs[0]],) + ins
             step = (kernel, ins,
                     outs[0] if single else outs, single,
                     tuple(frees.get(position, ())), op)
@@ -162,6 +179,7 @@ class ExecutionPlan:
             (self.copy_steps if between else self.stage_steps)[op.settings.pipeline_stage].append(
                 step)
         self.values = values
+        self._bind_arena(values)
         self.replica_values: list[list[torch.Tensor | None]] = [values]
         self._segments: dict[int, list[tuple[list[tuple], tuple | None]]] = {}
 
@@ -174,7 +192,12 @@ class ExecutionPlan:
             values = list(self.values)
             for s in variable_slots:
                 values[s] = values[s].clone()
+            self._bind_arena(values)  # each replica writes into its own arenas
             self.replica_values.append(values)
+
+    def _bind_arena(self, values: list) -> None:
+        for s, view in self.arena.bind().items():
+            values[self.buffer_slots[s]] = view
 
     def written_state_slots(self, extra: Iterable[str] = ()) -> list[int]:
         """The slots of device state a run can change: variables an op writes in place

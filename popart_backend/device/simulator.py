@@ -28,21 +28,29 @@ runs, so in-flight micro-batches see stale weights exactly as on the hardware.
 
 from __future__ import annotations
 
-import difflib
 import logging
 
 import numpy as np
 import torch
 
-from ..dataflow import AnchorReturnTypeId, PyStepIO, PyStepIOCallback
 from .. import progress
-from ..dtypes import DataType, to_host, to_storage
+from ..dataflow import PyStepIO, PyStepIOCallback
+from ..dtypes import DataType, to_host
 from ..errors import StepIOError, popart_exception, popart_internal_exception
-from .run_tables import ACC_ADD, ACC_FLUSH, ACC_SET, COPY, anchor_actions
 from .distributed import LocalReplicas, ReplicaComm
 from .grouped_weights import GroupedWeights
-from .lower import AnchorStream, InputStream, Program
+from .lower import Program
 from .plan import DeviceMode, ExecutionPlan, StateSnapshot, to_torch
+from .run_tables import ACC_ADD, ACC_FLUSH, ACC_SET, COPY, anchor_actions
+from .stream_io import (
+    HandOver,
+    bind_inputs,
+    bind_outputs,
+    callback_feed,
+    callback_input,
+    callback_output,
+    zeros_of,
+)
 
 _log = logging.getLogger("popart:devicex")
 
@@ -88,7 +96,8 @@ class SimulatedDevice(GroupedWeights):
 
     # The attributes that hold (or index) device storage, built by _allocate() when first read.
     _STORAGE = frozenset({"plan", "_input_slots", "_zero_inputs", "_actions", "_accumulators",
-                          "_outer_steps", "_window_end", "_seeds", "_state"})
+                          "_outer_steps", "_window_end", "_seeds", "_state",
+                          "_own_slots"})
 
     def __getattr__(self, name: str):
         # Only called for attributes not set yet: the storage ones before _allocate().
@@ -118,7 +127,7 @@ class SimulatedDevice(GroupedWeights):
                     self._write_shards(tensor_id, sharding, self.plan.get_value(tensor_id))
                 self._write_all_groups()  # replica-grouped variables: each its group's value
             self._input_slots = [self.plan.slot[i.id] for i in program.inputs]
-            self._zero_inputs = [_zeros(i.info) for i in program.inputs]
+            self._zero_inputs = [zeros_of(i.info) for i in program.inputs]
             self._actions, self._accumulators = anchor_actions(program, self.plan.slot)
             window = program.accumulation_factor * rf
             self._outer_steps = self.plan.outer_steps if program.has_outer_fragment else None
@@ -131,14 +140,28 @@ class SimulatedDevice(GroupedWeights):
                            if seed_slot is not None else None)
             for seed_tensor, seed in zip(self._seeds or (), self._replica_seeds):
                 seed_tensor[0] = seed
-            self._state = StateSnapshot(self.plan, self.plan.written_state_slots(
+            state = self.plan.written_state_slots(
                 [*program.persistent,
-                 *([program.random_seed_id] if program.random_seed_id else [])]))
+                 *([program.random_seed_id] if program.random_seed_id else [])])
+            self._state = StateSnapshot(self.plan, state)
+            self._own_slots = self._result_slots(state)
         except BaseException:
             for name in SimulatedDevice._STORAGE:
                 self.__dict__.pop(name, None)
             self._allocated = False
             raise
+
+    def _result_slots(self, state) -> frozenset[int]:
+        """Slots whose value a run may hand over to a step IO (``stream_io.HandOver``): outputs
+        of Normal-fragment ops that are not device state, nor read by another fragment after
+        the micro-batch (so a slot cleared after the handover is written before it is read)."""
+        program, plan = self.program, self.plan
+        if program.has_outer_fragment or program.num_stages:
+            return frozenset()
+        slots = {s for step in plan.normal_steps
+                 for s in ((step[2],) if step[3] else step[2]) if s >= 0}
+        held = {plan.slot[t] for t in (*plan.stream_ids, *plan.variable_ids)}
+        return frozenset(slots - held - set(state) - plan.pinned_slots)
 
     # --- weights ------------------------------------------------------------------------------
 
@@ -309,8 +332,8 @@ class SimulatedDevice(GroupedWeights):
         in_offsets, out_offsets, destinations = {}, {}, None
         if isinstance(stepio, PyStepIO):
             if feeds is None:
-                feeds, in_offsets = _bind_inputs(p, stepio)
-            destinations, out_offsets = _bind_outputs(p, stepio)
+                feeds, in_offsets = bind_inputs(p, stepio)
+            destinations, out_offsets = bind_outputs(p, stepio)
         elif feeds is None and p.replication_factor > 1 and any(s.broadcast for s in p.inputs):
             raise StepIOError(
                 f"Inputs {[s.id for s in p.inputs if s.broadcast]} are broadcast to every "
@@ -351,7 +374,7 @@ class SimulatedDevice(GroupedWeights):
                                 values[slot] = chunks[base + r]
                         else:
                             for slot, stream in streams:
-                                value = _callback_input(
+                                value = callback_input(
                                     stream, stepio.input_callback(stream.id, False))
                                 # In lockstep the next replica's callbacks come first: keep a
                                 # copy, the user may reuse the buffer once it is complete.
@@ -384,7 +407,7 @@ class SimulatedDevice(GroupedWeights):
         p = self.program
         feeds, destinations, offsets = self._bind(stepio)
         bps, af, rf = p.batches_per_step, p.accumulation_factor, p.replication_factor
-        accumulated = p.has_outer_fragment
+        accumulated = p.windowed  # accumulation windows (training, or its forward-only program)
         windows = bps if accumulated else 1
         plan, replicas, seeds = self.plan, self.plan.replica_values, self._seeds
         execute = self._execute
@@ -406,7 +429,7 @@ class SimulatedDevice(GroupedWeights):
                                 if feeds is not None:
                                     values[slot] = feeds[index][base + r]
                                     continue
-                                value = _callback_feed(stepio, p.inputs[index])
+                                value = callback_feed(stepio, p.inputs[index])
                                 # The user may reuse the buffer for the next replica's call.
                                 values[slot] = value.clone() if rf > 1 else value
                             if seeds is not None:
@@ -426,8 +449,15 @@ class SimulatedDevice(GroupedWeights):
     def _emit(self, actions, destinations, stepio, values) -> None:
         """Apply one micro-batch's anchor writes from one replica's slots ``values`` (to host
         arrays, or through callbacks)."""
-        accumulators = self._accumulators
+        accumulators, own = self._accumulators, self._own_slots
         for kind, source, index, j in actions:
+            if kind == _COPY and destinations is not None:
+                destination = destinations[index][j]
+                if type(destination) is HandOver and source in own:
+                    destination.take(values, source)  # the result itself, if nothing holds it
+                else:
+                    destination.copy_(values[source])
+                continue
             value = values[source]
             if kind == _ACC_SET:
                 accumulators[index][j].copy_(value)
@@ -443,257 +473,5 @@ class SimulatedDevice(GroupedWeights):
                 continue
             anchor = self.program.anchors[index]
             array = stepio.output_callback(anchor.id)
-            _callback_output(anchor, array).copy_(value)
+            callback_output(anchor, array).copy_(value)
             stepio.output_complete_callback(anchor.id)
-
-
-# --- binding PyStepIO arrays ------------------------------------------------------------------
-
-
-def _hint_lines(p: Program, nelms: int, anchor: AnchorStream | None = None) -> str:
-    lines = [
-        "To disable this check at your own risk, use IStepIO::enableRuntimeAsserts.",
-        f"  replication factor: {p.replication_factor}",
-        f"  accumulation factor: {p.accumulation_factor}",
-        f"  batches per step: {p.batches_per_step}",
-        f"  tensor nelms: {nelms}",
-    ]
-    if anchor is not None:
-        lines.append(f"  anchor return type: {anchor.art.id().name}")
-        if anchor.art.id() is AnchorReturnTypeId.EveryN:
-            lines.append(f"  anchor return period: {anchor.art.rp()}")
-    return "\n".join(lines)
-
-
-def _check_array(kind: str, tensor_id: str, array, info) -> None:
-    if not isinstance(array, np.ndarray):
-        raise StepIOError(
-            f"PyStepIO's {kind} for tensor '{tensor_id}' is a {type(array).__name__}; give a "
-            f"numpy array of dtype {info.dtype.numpy}."
-        )
-    if array.dtype != info.dtype.numpy:
-        raise StepIOError(
-            f"Type discrepancy for tensor '{tensor_id}': PyStepIO's {kind} hold a numpy array of "
-            f"dtype {array.dtype}, but the model expects {info.dtype.numpy} ({info.dtype.name}). "
-            f"Convert it with .astype(np.{info.dtype.numpy})."
-        )
-
-
-def _bind_inputs(p: Program, stepio: PyStepIO):
-    """Per input, the tensor of each micro-batch of this run (zero-copy views of the user data)."""
-    total = p.micro_batches_per_run
-    required = {s.id for s in p.inputs}
-    for tensor_id in stepio.inputs:
-        if tensor_id in required:
-            continue
-        if tensor_id in p.unused_inputs:
-            _log.warning("Input '%s' is not used by the model (its uses were folded into "
-                         "constants); its PyStepIO buffer is ignored.", tensor_id)
-            continue
-        raise StepIOError(
-            f"PyStepIO's inputs has tensor '{tensor_id}', which is not an input of the model. "
-            f"Model inputs: {sorted(required | p.unused_inputs)}." + _suggest(tensor_id, required)
-        )
-    feeds, offsets = [], {}
-    for stream in p.inputs:
-        if stream.id not in stepio.inputs:
-            raise StepIOError(f"No tensor {stream.id} provided in PyStepIO's inputs")
-        array = stepio.inputs[stream.id]
-        _check_array("inputs", stream.id, array, stream.info)
-        nelms = stream.info.nelms
-        # A broadcast input holds one value per micro-batch for all replicas together.
-        rf = p.replication_factor if stream.broadcast else 1
-        expected = nelms * total // rf
-        if stepio.runtime_asserts and array.size != expected:
-            raise StepIOError(
-                f"Unexpected number of input elements for Tensor {stream.id}. Expected "
-                f"{expected}, but received {array.size}.\n" + _hint_lines(p, nelms)
-                + ("\n  broadcast to every replica: yes" if stream.broadcast else "")
-            )
-        chunks, offsets[stream.id] = _chunks(
-            "inputs", stream.id, array, stream.info, total // rf,
-            stepio.input_offsets.get(stream.id, 0), writable=False)
-        if rf > 1:  # micro-batch k of the run is replica k % rf of host chunk k // rf
-            chunks = [chunk for chunk in chunks for _ in range(rf)]
-        feeds.append(chunks)
-    return feeds, offsets
-
-
-def _bind_outputs(p: Program, stepio: PyStepIO):
-    """Per anchor, the host chunks (torch views into the user's arrays) this run writes."""
-    anchored = {a.id for a in p.anchors}
-    for tensor_id in stepio.outputs:
-        if tensor_id not in anchored:
-            raise StepIOError(
-                f"PyStepIO's outputs has tensor '{tensor_id}', which is not an anchor. Anchors: "
-                f"{sorted(anchored)}." + _suggest(tensor_id, anchored)
-            )
-    destinations, offsets = [], {}
-    for anchor in p.anchors:
-        if anchor.id not in stepio.outputs:
-            raise StepIOError(f"No tensor {anchor.id} provided in PyStepIO's outputs")
-        array = stepio.outputs[anchor.id]
-        _check_array("outputs", anchor.id, array, anchor.info)
-        if not (array.flags.c_contiguous and array.flags.writeable):
-            raise StepIOError(
-                f"PyStepIO's output array for anchor '{anchor.id}' must be C-contiguous and "
-                f"writeable, so results can be written into it; allocate it with "
-                f"session.initAnchorArrays() or np.empty."
-            )
-        nelms = anchor.info.nelms
-        expected = nelms * anchor.fetches_per_run
-        if stepio.runtime_asserts and array.size != expected:
-            raise StepIOError(
-                f"Unexpected number of output elements for Tensor {anchor.id}. Expected "
-                f"{expected}, but received {array.size}.\n" + _hint_lines(p, nelms, anchor)
-            )
-        chunks, offsets[anchor.id] = _chunks(
-            "outputs", anchor.id, array, anchor.info, anchor.fetches_per_run,
-            stepio.output_offsets.get(anchor.id, 0), writable=True)
-        destinations.append(chunks)
-    return destinations, offsets
-
-
-def _chunks(kind: str, tensor_id: str, array: np.ndarray, info, count: int, offset: int,
-            writable: bool):
-    """``count`` consecutive ``nelms(T)`` chunks of ``array`` from element ``offset``, wrapping.
-
-    Returns the chunk views (shape T) and the element offset after them.
-    """
-    shape, nelms = info.shape, info.nelms
-    if nelms == 0:
-        zero = _zeros(info)
-        if writable and info.dtype is DataType.STRING:
-            zero = _StringView(zero)  # the anchor loop writes outputs with copy_
-        return [zero] * count, 0
-    num_chunks, remainder = divmod(array.size, nelms)
-    if num_chunks == 0 or remainder:
-        raise StepIOError(
-            f"PyStepIO's {kind} array for tensor '{tensor_id}' holds {array.size} elements, not a "
-            f"whole number of {nelms}-element micro-batch chunks; it cannot be read in chunks "
-            f"even with runtime asserts disabled."
-        )
-    if not writable and not (array.flags.c_contiguous and array.flags.writeable):
-        # Non-contiguous or read-only data gets one host copy; the user's array is untouched.
-        array = np.array(array, order="C", copy=True)
-    if array.dtype == object:
-        return _string_chunks(array, shape, count, offset, num_chunks, writable)
-    if not info.dtype.storage_views_host:
-        return _converted_chunks(array, info, count, offset, num_chunks, writable)
-    if num_chunks == count == 1:
-        # One micro-batch per run (the usual training/inference step): no split needed.
-        whole = to_storage(array, info.dtype)
-        return (whole if array.shape == shape else whole.view(shape),), 0
-    whole = to_storage(array.reshape(-1), info.dtype).view(num_chunks, *shape).unbind(0)
-    start = offset // nelms
-    if start == 0 and num_chunks == count:
-        return whole, 0
-    chunks = [whole[(start + i) % num_chunks] for i in range(count)]
-    return chunks, ((start + count) % num_chunks) * nelms
-
-
-def _string_chunks(array: np.ndarray, shape, count: int, offset: int, num_chunks: int,
-                   writable: bool):
-    """``_chunks`` for a STRING array: numpy views (torch has no strings); output chunks wrapped
-    so the anchor loop writes them with ``copy_`` as it does torch views."""
-    nelms = array.size // num_chunks
-    blocks = array.reshape(num_chunks, *shape)
-    whole = [blocks[i, ...] for i in range(num_chunks)]  # views, also of 0-d chunks
-    if writable:
-        whole = [_StringView(view) for view in whole]
-    start = offset // nelms
-    chunks = [whole[(start + i) % num_chunks] for i in range(count)]
-    return chunks, ((start + count) % num_chunks) * nelms
-
-
-def _converted_chunks(array: np.ndarray, info, count: int, offset: int, num_chunks: int,
-                      writable: bool):
-    """``_chunks`` for a type the simulator stores in another torch dtype (int4, float8,
-    uint32 ...: ``dtypes.to_storage``): input chunks are converted copies, output chunks are
-    wrapped so the anchor loop's ``copy_`` converts back into the user's array."""
-    nelms = array.size // num_chunks
-    blocks = array.reshape(num_chunks, *info.shape)
-    if writable:
-        whole = [_ConvertedView(blocks[i, ...], info.dtype) for i in range(num_chunks)]
-    else:
-        whole = list(to_storage(blocks, info.dtype).unbind(0))
-    start = offset // nelms
-    chunks = [whole[(start + i) % num_chunks] for i in range(count)]
-    return chunks, ((start + count) % num_chunks) * nelms
-
-
-class _ConvertedView:
-    """A numpy view into a host array whose ``copy_`` converts from the simulator's storage."""
-
-    __slots__ = ("array", "dtype")
-
-    def __init__(self, array: np.ndarray, dtype: DataType):
-        self.array, self.dtype = array, dtype
-
-    def copy_(self, value: torch.Tensor) -> None:
-        self.array[...] = to_host(value, self.dtype)
-
-
-class _StringView:
-    """A numpy view into a host STRING array with the ``copy_`` of a torch view."""
-
-    __slots__ = ("array",)
-
-    def __init__(self, array: np.ndarray):
-        self.array = array
-
-    def copy_(self, value: np.ndarray) -> None:
-        self.array[...] = value
-
-
-def _zeros(info):
-    """A zero value of ``info``: "" for STRING."""
-    if info.dtype is DataType.STRING:
-        return np.full(info.shape, "", dtype=object)
-    return torch.zeros(info.shape, dtype=info.dtype.torch)
-
-
-def _callback_feed(stepio: PyStepIOCallback, stream: InputStream) -> torch.Tensor:
-    """One micro-batch of ``stream`` from the user's input callback."""
-    value = _callback_input(stream, stepio.input_callback(stream.id, False))
-    stepio.input_complete_callback(stream.id)
-    return value
-
-
-def _callback_input(stream: InputStream, array) -> torch.Tensor:
-    _check_array("input_callback result", stream.id, array, stream.info)
-    if array.size != stream.info.nelms:
-        raise StepIOError(
-            f"input_callback('{stream.id}') returned {array.size} elements, the tensor has "
-            f"{stream.info.nelms} ({stream.info}); return one micro-batch of shape "
-            f"{list(stream.info.shape)}."
-        )
-    if not (array.flags.c_contiguous and array.flags.writeable):
-        array = np.array(array, order="C", copy=True)
-    if array.dtype == object:
-        return array.reshape(stream.info.shape)
-    return to_storage(array, stream.info.dtype).view(stream.info.shape)
-
-
-def _callback_output(anchor: AnchorStream, array) -> torch.Tensor:
-    _check_array("output_callback result", anchor.id, array, anchor.info)
-    if array.size != anchor.info.nelms:
-        raise StepIOError(
-            f"output_callback('{anchor.id}') returned an array of {array.size} elements, the "
-            f"anchor has {anchor.info.nelms} ({anchor.info}) per micro-batch."
-        )
-    if not (array.flags.c_contiguous and array.flags.writeable):
-        raise StepIOError(
-            f"output_callback('{anchor.id}') must return a C-contiguous writeable array."
-        )
-    if array.dtype == object:
-        return _StringView(array.reshape(anchor.info.shape))
-    if not anchor.info.dtype.storage_views_host:
-        return _ConvertedView(array.reshape(anchor.info.shape), anchor.info.dtype)
-    return to_storage(array, anchor.info.dtype).view(anchor.info.shape)
-
-
-def _suggest(name: str, known) -> str:
-    close = difflib.get_close_matches(name, list(known), n=3)
-    return f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import hashlib
 import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..device.analysis import DeviceModel
 from ..device.model_io import model_from_json, model_to_json
@@ -241,6 +242,8 @@ class ExecutableMixin:
         entry = self._cache_file()
         if entry is None or not entry.exists():
             return None
+        collecting = gc.isenabled()
+        gc.disable()  # a burst of long-lived objects: cyclic GC passes over them are wasted
         try:
             contents = read_executable_file(entry, _ENGINE_KIND, _versions())
             if contents.meta.get("fingerprint") != self._fingerprint():
@@ -258,6 +261,9 @@ class ExecutableMixin:
                 _log.warning("Engine cache entry '%s' is unusable (%s); compiling again "
                              "and replacing it.", entry, exc)
             return None
+        finally:
+            if collecting:
+                gc.enable()
         engine_cache_stats["hits"] += 1
         _log.info("Engine cache hit: '%s' (the device model's memory and cycles are loaded "
                   "from it instead of being computed)", entry)

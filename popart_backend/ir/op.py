@@ -205,6 +205,9 @@ class Op:
     # Ops the importer resolves into other ops instead of adding them to the graph (the static
     # sequence and optional ops, ops/sequences.py): see ``expands_at_import`` and ``expand``.
     import_time: ClassVar[bool] = False
+    # True for ops with an into-kernel, ``kernel_into(out, *inputs)``, writing their one
+    # output into a preallocated buffer (the static memory plan, device/arena.py).
+    writes_into: ClassVar[bool] = False
     # The ``builder.aiGraphcore`` method of an op without an ONNX schema (ir/signature.py); read
     # from the class that declares it, so a subclass does not inherit its base's method.
     builder_method: ClassVar[BuilderMethod | None] = None
@@ -256,6 +259,13 @@ class Op:
     def kernel(self, *xs):
         """Compute outputs from torch CPU tensors (None for an absent optional input)."""
         raise NotImplementedError(f"{self.op_type} has no kernel()")
+
+    def kernel_into(self, out, *xs):
+        """``kernel(*xs)`` written into ``out`` (a contiguous tensor of the output's shape and
+        dtype, not overlapping any input) for ops declaring ``writes_into``; returns ``out``,
+        or a fresh tensor when this call cannot write into it (the plan binds what it
+        returns). The values must be bit-identical to ``kernel``'s."""
+        raise NotImplementedError(f"{self.op_type} has no kernel_into()")
 
     def grad(self, g) -> None:
         """Add the ops computing this op's input gradients (training issue)."""

@@ -38,6 +38,11 @@ class Relu(Unary):
     def kernel(self, x):
         return torch.relu(x)
 
+    writes_into = True
+
+    def kernel_into(self, out, x):
+        return torch.clamp_min(x, 0, out=out)  # torch.relu's own definition, which lacks out=
+
     def grad(self, g):
         self.fused_grad(g, "ReluGrad", from_output=True)
 
@@ -49,6 +54,11 @@ class ReluGrad(ElementwiseGrad):
         # One pass, as torch's own ReLU backward (no boolean mask temporary).
         return torch.ops.aten.threshold_backward(dy, y, 0)
 
+    writes_into = True
+
+    def kernel_into(self, out, dy, y):
+        return torch.ops.aten.threshold_backward.grad_input(dy, y, 0, grad_input=out)
+
 
 @register_op("Sigmoid", versions=(6, 13))
 class Sigmoid(Unary):
@@ -56,6 +66,11 @@ class Sigmoid(Unary):
 
     def kernel(self, x):
         return torch.sigmoid(x)
+
+    writes_into = True
+
+    def kernel_into(self, out, x):
+        return torch.sigmoid(x, out=out)
 
     def grad(self, g):
         self.fused_grad(g, "SigmoidGrad", from_output=True)
@@ -73,6 +88,11 @@ class Tanh(Unary):
 
     def kernel(self, x):
         return torch.tanh(x)
+
+    writes_into = True
+
+    def kernel_into(self, out, x):
+        return torch.tanh(x, out=out)
 
     def grad(self, g):
         self.fused_grad(g, "TanhGrad", from_output=True)
@@ -303,6 +323,11 @@ class Gelu(Unary):
 
     def kernel(self, x):
         return torch.nn.functional.gelu(x, approximate=self.attrs.approximate)
+
+    writes_into = True
+
+    def kernel_into(self, out, x):
+        return torch._C._nn.gelu(x, approximate=self.attrs.approximate, out=out)
 
     def grad(self, g):
         self.fused_grad(g, "GeluGrad", approximate=self.attrs.approximate)

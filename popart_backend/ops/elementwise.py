@@ -39,6 +39,11 @@ class Add(Binary):
     def kernel(self, a, b):
         return torch.add(a, self.legacy_align(a, b))
 
+    writes_into = True
+
+    def kernel_into(self, out, a, b):
+        return torch.add(a, self.legacy_align(a, b), out=out)
+
     def grad(self, g):
         dy = g.output_grad(0)
         self.unbroadcast(g, dy, 0)
@@ -51,6 +56,11 @@ class Sub(Binary):
 
     def kernel(self, a, b):
         return torch.sub(a, self.legacy_align(a, b))
+
+    writes_into = True
+
+    def kernel_into(self, out, a, b):
+        return torch.sub(a, self.legacy_align(a, b), out=out)
 
     def grad(self, g):
         dy = g.output_grad(0)
@@ -65,6 +75,11 @@ class Mul(Binary):
 
     def kernel(self, a, b):
         return torch.mul(a, self.legacy_align(a, b))
+
+    writes_into = True
+
+    def kernel_into(self, out, a, b):
+        return torch.mul(a, self.legacy_align(a, b), out=out)
 
     def grad(self, g):
         dy = g.output_grad(0)
@@ -87,6 +102,11 @@ class Div(Binary):
 
     def kernel(self, a, b):
         return torch.div(a, self.legacy_align(a, b), rounding_mode=self._rounding)
+
+    writes_into = True
+
+    def kernel_into(self, out, a, b):
+        return torch.div(a, self.legacy_align(a, b), rounding_mode=self._rounding, out=out)
 
     def grad(self, g):
         dy, b = g.output_grad(0), self.aligned_input(g, 1)

@@ -90,6 +90,20 @@ class LinearBias(FusedOp):
         y = F.linear(x, w if self._transposed else w.t(), b)
         return torch.relu_(y) if self._relu else y
 
+    writes_into = True
+
+    def kernel_into(self, out, x, w, b=None):
+        # F.linear folds contiguous batch dims into the rows of one mm / addmm.
+        if x.dim() == 1 or (x.dim() > 2 and not x.is_contiguous()):
+            return self.kernel(x, w, b)
+        rows, flat = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1])
+        kn = w.t() if self._transposed else w
+        if b is None:
+            torch.mm(rows, kn, out=flat)
+        else:
+            torch.addmm(b, rows, kn, out=flat)
+        return torch.relu_(out) if self._relu else out
+
     def cost(self) -> tuple[int, int]:
         _, moved = super().cost()
         product = 2 * self._out.nelms * self._expected_inputs[0].shape[-1]
@@ -145,6 +159,13 @@ class LinearBiasInputGrad(_LinearGrad):
         return torch.mm(self.rows(dy), w if self.attrs.transposed_weight else w.t()).reshape(
             self._shape)
 
+    writes_into = True
+
+    def kernel_into(self, out, dy, w):
+        torch.mm(self.rows(dy), w if self.attrs.transposed_weight else w.t(),
+                 out=out.view(-1, out.shape[-1]))
+        return out
+
     def cost(self) -> tuple[int, int]:
         return self._flops, super().cost()[1]
 
@@ -165,6 +186,13 @@ class LinearBiasWeightGrad(_LinearGrad):
         dy, x = self.rows(dy), self.rows(x)
         return torch.mm(dy.t(), x) if self.attrs.transposed_weight else torch.mm(x.t(), dy)
 
+    writes_into = True
+
+    def kernel_into(self, out, dy, x):
+        dy, x = self.rows(dy), self.rows(x)
+        return (torch.mm(dy.t(), x, out=out) if self.attrs.transposed_weight
+                else torch.mm(x.t(), dy, out=out))
+
     def cost(self) -> tuple[int, int]:
         return self._flops, super().cost()[1]
 
@@ -178,6 +206,11 @@ class LinearBiasBiasGrad(_LinearGrad):
 
     def kernel(self, dy):
         return self.rows(dy).sum(0)
+
+    writes_into = True
+
+    def kernel_into(self, out, dy):
+        return torch.sum(self.rows(dy), 0, out=out)
 
 
 @register_op("ConvBiasAct", versions=(1,), domain=FUSED_DOMAIN)
@@ -238,6 +271,11 @@ class Gelu(FusedOp):
     def kernel(self, x):
         return F.gelu(x, approximate=self.attrs.approximate)
 
+    writes_into = True
+
+    def kernel_into(self, out, x):
+        return torch._C._nn.gelu(x, approximate=self.attrs.approximate, out=out)
+
     def grad(self, g):
         g.set_input_grad(0, g.op("GeluGrad", g.output_grad(0), g.input(0), domain=FUSED_DOMAIN,
                                  approximate=self.attrs.approximate))
@@ -254,6 +292,12 @@ class GeluGrad(Op):
 
     def kernel(self, dy, x):
         return torch.ops.aten.gelu_backward(dy, x, approximate=self.attrs.approximate)
+
+    writes_into = True
+
+    def kernel_into(self, out, dy, x):
+        return torch.ops.aten.gelu_backward.grad_input(
+            dy, x, approximate=self.attrs.approximate, grad_input=out)
 
 
 @register_op("LayerNorm", versions=(1,), domain=FUSED_DOMAIN)

@@ -123,6 +123,13 @@ class MatMul(Op):
             return stochastic_round(exact, rounding_generator(self, seed))
         return _product(self, a, b)
 
+    writes_into = True
+
+    def kernel_into(self, out, a, b, seed=None):
+        if self._widen is not None or seed is not None or self.settings.half_partials:
+            return self.kernel(a, b, seed)
+        return torch.matmul(a, b, out=out)
+
     def grad(self, g):
         dy = g.output_grad(0)
         a, b = g.input(0), g.input(1)
@@ -331,6 +338,25 @@ class Gemm(Op):
             return y if at.alpha == 1.0 else y.mul_(at.alpha)
         return torch.addmm(c, a, b, beta=at.beta, alpha=at.alpha)
 
+    writes_into = True
+
+    def kernel_into(self, out, a, b, c=None):
+        at = self.attrs
+        if self._widen is not None or self._integral or self.settings.half_partials:
+            return self.kernel(a, b, c)
+        if self._linear:
+            # F.linear on matrices: mm, or addmm with the bias.
+            b = b.t()
+        else:
+            a = a.t() if at.transA else a
+            b = b.t() if at.transB else b
+        if c is None:
+            torch.mm(a, b, out=out)
+            return out if at.alpha == 1.0 else out.mul_(at.alpha)
+        if self._linear:
+            return torch.addmm(c, a, b, out=out)
+        return torch.addmm(c, a, b, beta=at.beta, alpha=at.alpha, out=out)
+
     def grad(self, g):
         at = self.attrs
         dy = g.output_grad(0)
@@ -394,6 +420,21 @@ class GemmGrad(Op):
             grad = (_product(self, dy.t(), a_prime) if at.transB
                     else _product(self, a_prime.t(), dy))
         return grad if at.alpha == 1.0 else grad.mul_(at.alpha)
+
+    writes_into = True
+
+    def kernel_into(self, out, dy, other):
+        at = self.attrs
+        if self.settings.half_partials:
+            return self.kernel(dy, other)
+        if at.operand == 0:
+            x, y = ((other.t() if at.transB else other, dy.t()) if at.transA
+                    else (dy, other if at.transB else other.t()))
+        else:
+            a_prime = other.t() if at.transA else other
+            x, y = (dy.t(), a_prime) if at.transB else (a_prime.t(), dy)
+        torch.mm(x, y, out=out)
+        return out if at.alpha == 1.0 else out.mul_(at.alpha)
 
     def cost(self) -> tuple[int, int]:
         # The forward's 2·M·N·K: dY is [M, N] and the gradient holds K·(M or N) elements.

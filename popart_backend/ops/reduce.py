@@ -153,6 +153,13 @@ class ReduceSum(Reduce):
     def reduce(self, x):
         return self._sum(x)
 
+    writes_into = True
+
+    def kernel_into(self, out, x, axes=None):
+        if self.lift:
+            return self.kernel(x, axes)
+        return torch.sum(x, self.dims, keepdim=self.keepdims, dtype=self.sum_dtype, out=out)
+
     def grad(self, g):
         self.fused_grad(g, "ReduceSumGrad")
 
@@ -170,6 +177,13 @@ class ReduceMean(Reduce):
             total = torch.sum(x, self.dims, keepdim=self.keepdims, dtype=torch.int64)
             return torch.div(total, self.count, rounding_mode="trunc").to(x.dtype)
         return torch.mean(x, self.dims, keepdim=self.keepdims)
+
+    writes_into = True
+
+    def kernel_into(self, out, x, axes=None):
+        if self.lift or self.is_int:
+            return self.kernel(x, axes)
+        return torch.mean(x, self.dims, keepdim=self.keepdims, out=out)
 
     def grad(self, g):
         self.fused_grad(g, "ReduceMeanGrad")

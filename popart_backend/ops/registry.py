@@ -194,7 +194,7 @@ def make_attrs(cls: type[Op], version: int, values: dict, where: str):
         ) from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _type_hints(attrs_type: type) -> dict:
     """``typing.get_type_hints`` of an Attrs dataclass, once per class (resolving the string
     annotations is costly and an Attrs class never changes)."""

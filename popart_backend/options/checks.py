@@ -401,13 +401,13 @@ def check_buildable(options: SessionOptions, training: bool) -> None:
             + "\nReset them to their defaults to run now."
         )
     check_planning_options(options)
-    check_execution_phases(options)
+    check_execution_phases(options, training)
 
 
 _PHASE_DEFAULTS = ExecutionPhaseSettings()
 
 
-def check_execution_phases(options: SessionOptions) -> None:
+def check_execution_phases(options: SessionOptions, training: bool) -> None:
     """``executionPhaseSettings``: refuse what phased execution does not build with, and log
     the settings that change nothing in our model."""
     settings = options.executionPhaseSettings
@@ -423,7 +423,7 @@ def check_execution_phases(options: SessionOptions) -> None:
             f"executionPhaseSettings.phases >= 1 (got {settings.phases}): set it to the number "
             f"of phases the builder's executionPhase annotations use."
         )
-    if options.enableGradientAccumulation:
+    if training and options.enableGradientAccumulation:
         raise NotImplementedOptionError(
             "virtualGraphMode = VirtualGraphMode.ExecutionPhases with "
             "enableGradientAccumulation = True is not built yet: the simulated IPU streams "

@@ -50,7 +50,8 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
+from itertools import pairwise
 
 from ..errors import popart_exception
 from ..ir.graph import Graph
@@ -262,7 +263,7 @@ class ExecutionPhases:
             if op.settings.execution_context is _NORMAL:
                 by_phase[_phase(op)].append(op)
         phases = sorted(by_phase)
-        for before, after in zip(phases, phases[1:]):
+        for before, after in pairwise(phases):
             members = {op.id for op in by_phase[before]}
             sinks = [op for op in by_phase[before]
                      if not any(c.id in members for t in op.outputs if t is not None

@@ -43,7 +43,7 @@ from .auto_loss_scaling import AutomaticLossScaling
 from .random_seed import WireRandomSeed
 from .stochastic_rounding import StochasticRounding
 from .recompute import Recompute
-from .replication import AllReduceGradients
+from .replication import AllReduceGradients, GroupOptimizerState
 from .rts import ShardVariables
 from .tensor_locations import replication_of
 from .training_semantics import TrainingSemantics
@@ -204,6 +204,7 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
         mean=options.accumulationAndReplicationReductionType is ReductionType.Mean))
     grad_scale = grad_factor / loss_scaling if const_scaling else grad_factor
     passes.append(ApplyOptimizer(optimizer, context, grad_scale))
+    passes.append(GroupOptimizerState())  # a grouped weight's state: one value per group
     if options.automaticLossScalingSettings.enabled:
         passes.append(AutomaticLossScaling(options.automaticLossScalingSettings, context))
     if options.enableGradientAccumulation:

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
+
 from ..ir.graph import Graph
 from ..ir.ir import Ir
 from ..ir.op import ExecutionContext, OpSettings
@@ -108,3 +110,40 @@ def weight_ipu(graph: Graph, weight_id: str, grad_id: str) -> int | None:
     writers += [op for op in grad.consumers
                 if any(op.inputs[i] is grad for i in op.modifies_inputs)]
     return next((op.settings.ipu for op in writers if op.settings.ipu is not None), None)
+
+
+class GroupOptimizerState:
+    """Pass: the training state of a replica-grouped weight (its optimizer state and gradient
+    accumulator, ``Ir.optimizer_tensors.state`` and ``Ir.accumulators``) is grouped like the
+    weight: one value per group on the host, so writing the weights back never copies one
+    group's momentum into another's. Runs after the optimizer.
+
+    Before: w grouped in 2 groups, Accl___w f32[3] (data f32[3]).
+    After:  Accl___w in ``Ir.grouped_variables`` with w's grouping, data f32[2, 3].
+    """
+
+    name = "group_optimizer_state"
+
+    def run(self, ir: Ir) -> bool:
+        grouped = ir.grouped_variables
+        if not grouped:
+            return False
+        owners: dict[str, set[str]] = {}
+        state = ir.optimizer_tensors.state if ir.optimizer_tensors is not None else {}
+        for weight_id, ids in state.items():
+            for tensor_id in ids:
+                owners.setdefault(tensor_id, set()).add(weight_id)
+        for weight_id, accumulator in ir.accumulators.items():
+            owners.setdefault(accumulator.tensor_id, set()).add(weight_id)
+        changed = False
+        for tensor_id, weights in owners.items():
+            groupings = {grouped.get(w) for w in weights}
+            if len(groupings) != 1 or None in groupings or tensor_id in grouped:
+                continue  # shared with other weights, or not a grouped weight's
+            grouping = groupings.pop()
+            tensor = ir.main.tensors[tensor_id]
+            if grouping.num_groups > 1:
+                tensor.data = np.stack([np.asarray(tensor.data)] * grouping.num_groups)
+            grouped[tensor_id] = grouping
+            changed = True
+        return changed

@@ -27,6 +27,7 @@ from .. import blocks, optimizer_translation, phased, tracing
 from ..errors import Error
 from ..ops.ipu import apply_io_overlap
 from ..options.enums import OutputMode
+from . import replica_params
 from .distributed import _init_distributed
 
 __all__ = ["registerPostCompileHook", "registerPreCompileHook"]
@@ -246,6 +247,7 @@ class CompileMixin:
         return device
 
     def _build_session(self, traced: tracing.TracedModel, placement: blocks.Placement):
+        traced = replica_params.annotated(self, traced)  # replicaGrouping: values per group
         mode = self._options.resolved_output_mode(self._training)
         period = self._options.output_return_period
         n = self._options.device_iterations
@@ -404,14 +406,13 @@ class CompileMixin:
             names.update((prefix + "running_mean", prefix + "running_var"))
         return names
 
-    @staticmethod
-    def _device_weight_map(session, traced: tracing.TracedModel) -> dict[str, str]:
+    def _device_weight_map(self, session, traced: tracing.TracedModel) -> dict[str, str]:
         """The mapped initializers the session keeps as device weights (others are constants)."""
         held = {}
         inits = {i.name: i for i in traced.proto.graph.initializer}
         for onnx_name, fqn in traced.param_map.items():
             init = inits[onnx_name]
-            array = np.empty(tuple(init.dims),
+            array = np.empty(replica_params.read_shape(self, fqn, tuple(init.dims)),
                              dtype=onnx.helper.tensor_dtype_to_np_dtype(init.data_type))
             try:
                 session.readWeights(popart.PyWeightsIO({onnx_name: array}))

@@ -130,6 +130,8 @@ class PoplarExecutor(ExecutableMixin, CompileMixin, RunMixin, StateSyncMixin,
         d["_rng_state_host"] = None
         # replicaGrouping settings: parameter name -> (CommGroupType, shards, retrieval mode)
         d["per_replica_params"] = {}
+        # Their last read-back (replica_params.py): name -> [groups or replicas, *shape]
+        d["per_replica_weights"] = {}
         replica_params.install_setters(self, model)
         _LIVE.add(self)
         if training:

@@ -1,13 +1,18 @@
 """Per-replica parameter settings: ``executor.<param>.replicaGrouping(...)`` and
 ``executor.per_replica_params`` (PopTorch's replica-grouped variables).
 
-PopTorch lets a parameter hold one value per group of replicas (``CommGroupType`` and group
-size ``shards``) and read back one copy per group or per replica (``VariableRetrievalMode``).
-The simulated backend keeps one value per variable that every replica shares, so a grouping
-is accepted when it forms a single group (``All``; ``Consecutive`` / ``Orthogonal`` with
-``shards`` = replicationFactor; ``NoGrouping`` with one replica) and read back once per group
-(``OnePerGroup``, or ``AllReplicas`` with one replica): exactly what the device does. Any
-other grouping is refused with an Error, never silently shared.
+A parameter may hold one value per group of replicas (``CommGroupType`` and group size
+``shards``; ``NoGrouping``: every replica alone): each group trains its own copy on its own
+replicas' data, its gradients summed within the group only. The backend receives the settings
+as a ``popart.VariableSettings`` recorded on the parameter's initializer, whose initial value
+gets a leading dimension of one entry per group: every group starts from the parameter's
+current value.
+
+The torch parameter keeps one replica's shape. ``copyWeightsToHost`` puts replica 0's value
+(the first group's) in it and the whole read-back in ``executor.per_replica_weights[name]``:
+``[groups, *shape]`` for ``OnePerGroup``, ``[replicationFactor, *shape]`` for ``AllReplicas``.
+``copyWeightsToDevice`` keeps every group's value when the parameter still holds what was read
+back, and gives all groups the parameter's value when it was changed on the host.
 
 The setter is an attribute of each of the wrapped model's parameters (installed at wrap
 time, and re-bound to the wrapper a parameter is read through), so
@@ -16,15 +21,22 @@ time, and re-bound to the wrapper a parameter is read through), so
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 
+import numpy as np
+import onnx
 import torch
+from onnx import numpy_helper
+
+import popart_backend as popart
 
 from ..enums import VariableRetrievalMode
 from ..errors import Error
 from ..options.enums import CommGroupType
 
-__all__ = ["ReplicaGroupingSetter", "bind", "install_setters"]
+__all__ = ["ReplicaGroupingSetter", "annotate", "annotated", "bind", "from_device", "groups_of",
+           "install_setters", "read_shape", "to_device"]
 
 ATTR = "replicaGrouping"
 
@@ -74,6 +86,99 @@ def _groups(kind: CommGroupType, shards: int, replicas: int) -> int:
     return replicas // shards
 
 
+def groups_of(kind: CommGroupType, shards: int, replicas: int) -> list[list[int]]:
+    """The replica ids of each group (the spec's CommGroup layouts)."""
+    count = _groups(kind, shards, replicas)
+    if kind is CommGroupType.All:
+        return [list(range(replicas))]
+    if kind is CommGroupType.NoGrouping:
+        return [[r] for r in range(replicas)]
+    if kind is CommGroupType.Consecutive:
+        return [list(range(g * shards, (g + 1) * shards)) for g in range(count)]
+    return [list(range(g, replicas, count)) for g in range(count)]
+
+
+def _grouping(wrapper, fqn: str):
+    entry = wrapper.per_replica_params.get(fqn)
+    if entry is None:
+        return None
+    kind, shards, mode = entry
+    return groups_of(kind, shards, wrapper.options.replication_factor), mode
+
+
+def annotated(wrapper, traced):
+    """``traced`` with the groupings recorded on a copy of its model (``annotate``); the
+    traced model itself keeps the parameters' one-replica values."""
+    if not wrapper.per_replica_params:
+        return traced
+    proto = onnx.ModelProto()
+    proto.CopyFrom(traced.proto)
+    annotate(wrapper, proto, traced.param_map)
+    return dataclasses.replace(traced, proto=proto)
+
+
+def annotate(wrapper, proto, param_map: dict[str, str]) -> None:
+    """Record the groupings on the traced model's initializers (``param_map``: ONNX name ->
+    parameter name), each initial value repeated once per group."""
+    if not wrapper.per_replica_params:
+        return
+    by_name = {fqn: onnx_name for onnx_name, fqn in param_map.items()}
+    inits = {init.name: init for init in proto.graph.initializer}
+    for name, (kind, shards, mode) in wrapper.per_replica_params.items():
+        onnx_name = by_name.get(name)
+        if onnx_name is None or onnx_name not in inits:
+            raise Error(f"replicaGrouping on '{name}': the traced model does not use this "
+                        f"parameter as a weight, so it has no per-replica value. Remove the "
+                        f"grouping or use the parameter in forward().")
+        groups = groups_of(kind, shards, wrapper.options.replication_factor)
+        init = inits[onnx_name]
+        if len(groups) > 1:
+            value = numpy_helper.to_array(init)
+            init.CopyFrom(numpy_helper.from_array(
+                np.ascontiguousarray(np.stack([value] * len(groups))), onnx_name))
+        domain = popart.CommGroup(popart.CommGroupType(kind.value), shards)
+        popart.VariableSettings(domain, popart.VariableRetrievalMode(mode.value))._record(
+            proto, onnx_name)
+
+
+def read_shape(wrapper, fqn: str, shape: tuple) -> tuple:
+    """The shape the backend returns for parameter ``fqn`` of one-replica shape ``shape``."""
+    grouping = _grouping(wrapper, fqn)
+    if grouping is None:
+        return tuple(shape)
+    groups, mode = grouping
+    count = (wrapper.options.replication_factor if mode is VariableRetrievalMode.AllReplicas
+             else len(groups))
+    return tuple(shape) if count == 1 else (count, *shape)
+
+
+def from_device(wrapper, fqn: str, array: np.ndarray) -> np.ndarray:
+    """The parameter's host value from what the backend returned (replica 0's), keeping the
+    whole read-back in ``per_replica_weights``."""
+    grouping = _grouping(wrapper, fqn)
+    if grouping is None:
+        return array
+    wrapper.per_replica_weights[fqn] = torch.from_numpy(np.array(array, copy=True))
+    return array[0] if array.ndim and read_shape(wrapper, fqn, ()) != () else array
+
+
+def to_device(wrapper, fqn: str, value: np.ndarray) -> np.ndarray:
+    """What the backend writes for parameter ``fqn`` (host value ``value``): one entry per
+    group, kept from the last read-back unless the parameter was changed since."""
+    grouping = _grouping(wrapper, fqn)
+    if grouping is None:
+        return value
+    groups, mode = grouping
+    last = wrapper.per_replica_weights.get(fqn)
+    if last is not None and read_shape(wrapper, fqn, ()) != ():
+        last = last.numpy()
+        if np.array_equal(last[0], value):
+            if mode is VariableRetrievalMode.AllReplicas:
+                last = last[[g[0] for g in groups]]
+            return last if len(groups) > 1 else last[0]
+    return np.ascontiguousarray(np.stack([value] * len(groups))) if len(groups) > 1 else value
+
+
 def set_grouping(wrapper, name: str, comm_group_type, shards, variable_retrieval_mode) -> None:
     what = f"wrapper.{name}.replicaGrouping({comm_group_type!r}, {shards!r}, " \
            f"{variable_retrieval_mode!r})"
@@ -87,16 +192,5 @@ def set_grouping(wrapper, name: str, comm_group_type, shards, variable_retrieval
     if wrapper.isCompiled():
         raise Error(f"{what}: the model is already compiled; set replica groupings before the "
                     f"first call (or build a new wrapper).")
-    replicas = wrapper.options.replication_factor
-    groups = _groups(comm_group_type, shards, replicas)
-    if groups != 1:
-        raise Error(f"{what}: this grouping gives {groups} groups of replicas, each with its own "
-                    f"value of '{name}'. The simulated backend keeps one value of each variable "
-                    f"that all {replicas} replicas share; use CommGroupType.All (or a group "
-                    f"size equal to replicationFactor) for a shared value.",
-                    type="unsupported_feature")
-    if variable_retrieval_mode is VariableRetrievalMode.AllReplicas and replicas > 1:
-        raise Error(f"{what}: AllReplicas would read back {replicas} copies of '{name}' (one "
-                    f"per replica); the host keeps one tensor per parameter. Use "
-                    f"VariableRetrievalMode.OnePerGroup.", type="unsupported_feature")
+    _groups(comm_group_type, shards, wrapper.options.replication_factor)
     wrapper.per_replica_params[name] = (comm_group_type, shards, variable_retrieval_mode)

@@ -88,11 +88,15 @@ class RunMixin:
         self._sync_before_run()
         traced = executable.traced
         inputs = {}
+        grouped = self._input_group_size() > 1
         for leaf, spec, name in zip(leaves, traced.signature.leaves, traced.input_names):
             if name is None:
                 continue
             if leaf.dtype is torch.int64:
                 check_int32(leaf, f"Input {spec.path}")
+            if spec.shape and not grouped:
+                inputs[name] = leaf.cpu()  # read in place by the device (no numpy round trip)
+                continue
             array = leaf.cpu().numpy()
             if not spec.shape:
                 # 0-d tensors are not sliced: every micro-batch of every replica sees the same
@@ -103,11 +107,14 @@ class RunMixin:
                 array = self._expand_input_groups(array, executable.divisor)
             inputs[name] = np.ascontiguousarray(array)
         session = executable.session
-        anchors = session.initAnchorArrays()
+        # The run allocates the outputs (or hands its result tensors over): each call returns
+        # new tensors, as PopTorch does, written once.
+        stepio = popart.PyStepIO(inputs, {}, allocate_outputs=True)
         try:
-            session.run(popart.PyStepIO(inputs, anchors))
+            session.run(stepio)
         except popart.popart_exception as exc:
             raise backend_error(exc, traced) from exc
+        anchors = stepio.outputs
         if self._training:
             n = self._options.device_iterations
             self._link.device_moved()
@@ -131,7 +138,7 @@ class RunMixin:
         for index, name in executable.traced.input_updates:
             target = originals[index]
             sample = tuple(executable.session.getInfo(name).shape())
-            rows = anchors[name].reshape(-1, *sample)  # [N·G·R·B, ...] or [1] for 0-d
+            rows = _as_tensor(anchors[name]).reshape(-1, *sample)  # [N·G·R·B, ...]; [1]: 0-d
             size, kind = self._options.input_replica_grouping
             if size > 1 and sample:
                 rin = self._options.input_replicas
@@ -141,7 +148,7 @@ class RunMixin:
                 first = (list(range(rin)) if kind is CommGroupType.Orthogonal
                          else [g * size for g in range(rin)])
                 rows = view[:, first]
-            value = torch.from_numpy(np.ascontiguousarray(rows)).reshape(target.shape)
+            value = _as_tensor(rows).reshape(target.shape)
             with torch.no_grad():
                 target.copy_(value)
 
@@ -171,9 +178,9 @@ class RunMixin:
                 executable, anchors, dict.fromkeys(traced.output_names))
         results = {}
         for name, shape, narrow in table:
-            tensor = torch.from_numpy(anchors[name])
+            tensor = _as_tensor(anchors[name])
             if shape is not None:
-                tensor = tensor.view(shape)  # initAnchorArrays' arrays are C-contiguous
+                tensor = tensor.view(shape)  # the run's outputs are contiguous
             if narrow is torch.int32:
                 check_int32(tensor, f"Output '{name}' of forward")
             results[name] = tensor if narrow is None else tensor.to(narrow)
@@ -274,7 +281,7 @@ def _anchored_values(executable: _Executable, anchors: dict) -> dict[str, torch.
             executable, anchors, dict.fromkeys(executable.anchored.values()))
     values = {}
     for name, shape, narrow in table:
-        tensor = torch.from_numpy(anchors[name])
+        tensor = _as_tensor(anchors[name])
         tensor = tensor if shape is None else tensor.view(shape)
         values[name] = tensor if narrow is None else tensor.to(narrow)
     return {short: values[name] for short, name in executable.anchored.items()}
@@ -286,14 +293,20 @@ def _output_table(executable: _Executable, anchors: dict, names) -> list:
     to (int64 -> int32, float64 -> float32)."""
     table = []
     for name in names:
-        array = anchors[name]
+        tensor = _as_tensor(anchors[name])
+        size = tensor.numel()
         sample = tuple(executable.session.getInfo(name).shape())
-        count = array.size // max(int(np.prod(sample, dtype=np.int64)), 1) if sample else (
-            array.size)
+        count = size // max(int(np.prod(sample, dtype=np.int64)), 1) if sample else size
         if count > 1:
             shape = (count * sample[0], *sample[1:]) if sample else (count,)
         else:
             shape = sample
-        table.append((name, None if array.shape == shape else shape,
-                      _NARROW.get(torch.from_numpy(array).dtype)))
+        table.append((name, None if tuple(tensor.shape) == shape else shape,
+                      _NARROW.get(tensor.dtype)))
     return table
+
+
+def _as_tensor(value) -> torch.Tensor:
+    """A run's output as a torch tensor (numpy arrays, for types torch has no view of, are
+    wrapped)."""
+    return value if isinstance(value, torch.Tensor) else torch.from_numpy(value)

@@ -19,6 +19,7 @@ import popart_backend as popart
 
 from .. import optim, optimizer_translation
 from ..errors import Error
+from . import replica_params
 from .compilation import backend_error
 from .running import check_int32
 
@@ -47,14 +48,15 @@ class StateSyncMixin:
             self._link.host_dirty = False
         session = executable.session
         state = self._state_tensors()
-        arrays = {onnx_name: np.empty(tuple(state[fqn].shape),
+        arrays = {onnx_name: np.empty(replica_params.read_shape(self, fqn, state[fqn].shape),
                                       dtype=_numpy_dtype(state[fqn].dtype))
                   for onnx_name, fqn in executable.device_weights.items()}
         session.weightsToHost()
         session.readWeights(popart.PyWeightsIO(arrays))
         with torch.no_grad():
             for onnx_name, fqn in executable.device_weights.items():
-                state[fqn].copy_(torch.from_numpy(arrays[onnx_name]))
+                value = replica_params.from_device(self, fqn, arrays[onnx_name])
+                state[fqn].copy_(torch.from_numpy(value))
             pending = self._micro_batches_pending
             if pending:
                 # torch counts BatchNorm forward calls; the device does not keep the count.
@@ -68,7 +70,8 @@ class StateSyncMixin:
         self._link.pull()
         self._check_int64_state(executable.traced.param_map.values())
         state = self._state_tensors()
-        arrays = {onnx_name: np.array(state[fqn].detach().cpu().numpy(), order="C")
+        arrays = {onnx_name: replica_params.to_device(
+                      self, fqn, np.array(state[fqn].detach().cpu().numpy(), order="C"))
                   for onnx_name, fqn in executable.device_weights.items()}
         session = executable.session
         if self._training and self._attached:

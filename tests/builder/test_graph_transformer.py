@@ -217,7 +217,9 @@ def test_initialized_input_with_variable_settings():
     props = {p.key: p.value for p in proto.metadata_props if "variable_settings" in p.key}
     consecutive = popart.CommGroupType.Consecutive.value
     all_mode = popart.VariableRetrievalMode.AllReplicas.value
+    reduce_mode = popart.VariableRetrievalMode.AllReduceReplicas.value
     assert props == {"__variable_settings:g": f"{consecutive},2,0,0",
+                     "__variable_settings:v": f"0,0,0,{reduce_mode}",
                      "__variable_settings:e": f"0,0,0,{all_mode}"}
     with pytest.raises(popart.popart_exception, match="must be a VariableSettings"):
         builder.addInitializedInputTensor(array, variableSettings=3)

@@ -68,12 +68,12 @@ def _x(steps: int) -> list[np.ndarray]:
     return [rng.standard_normal((MB, D)).astype(np.float32) for _ in range(steps)]
 
 
-def _train(weights, opts, ipus: int, phased: bool, steps: int = 3):
+def _train(weights, opts, ipus: int, phased: bool, steps: int = 3, optimizer=None):
     proto, x, loss, ids = _model(weights, phased)
     opts.engineOptions = {"autoReport.all": "true"}  # the summary report, no files
     session = popart.TrainingSession(
         proto, popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}), loss,
-        popart.ConstSGD(LR), _device(ipus), userOptions=opts)
+        optimizer or popart.ConstSGD(LR), _device(ipus), userOptions=opts)
     session.prepareDevice()
     session.weightsFromHost()
     losses = []
@@ -172,7 +172,7 @@ def test_F21_phased_memory_report_shows_less_sram_than_the_unphased_run(runs):
     assert _max_sram(phased) < _max_sram(plain)
     assert len(phased._device_model.memory.ipus) == 2
     # Over the same 2 IPUs without streaming, every IPU keeps its phases' weights all along.
-    unstreamed, losses, _ = _train(weights, _phased_options(streamed=False), 2, True, steps=1)
+    unstreamed, _, _ = _train(weights, _phased_options(streamed=False), 2, True, steps=1)
     assert _max_sram(phased) < _max_sram(unstreamed)
     for ipu in phased._device_model.memory.ipus:
         assert ipu.categories["weights"] == 0
@@ -238,6 +238,34 @@ def test_F21_preload_hides_loads_behind_the_previous_phase():
     assert sum(r.cycles for r in pre.remote) == sum(r.cycles for r in demand.remote)
 
 
+@pytest.mark.parametrize("case", ["adam", "momentum", "recompute", "one_stage"])
+def test_F21_phased_variants_equal_the_unphased_run(case):
+    """Optimizer state updated in the backward phases, recomputed activations, and all phases
+    on one IPU (stages = 1) give the unphased numbers."""
+    weights, opts, ipus = _weights(2), _phased_options(), 2
+    make = {"adam": lambda: popart.Adam({"defaultLearningRate": (0.01, False)}),
+            "momentum": lambda: popart.SGD({"defaultLearningRate": (0.1, False),
+                                            "defaultMomentum": (0.9, False)})}.get(
+        case, lambda: popart.ConstSGD(LR))
+    if case == "recompute":
+        opts.autoRecomputation = popart.RecomputationType.Standard
+    if case == "one_stage":
+        opts.executionPhaseSettings.stages, ipus = 1, 1
+    phased, losses, trained = _train(weights, opts, ipus, True, steps=2, optimizer=make())
+    plain, plain_losses, plain_trained = _train(weights, popart.SessionOptions(), 1, False,
+                                                steps=2, optimizer=make())
+    assert losses == plain_losses
+    for a, b in zip(trained, plain_trained):
+        np.testing.assert_array_equal(a, b)
+    if case == "recompute":
+        clones = [op for op in phased._ir.main.ops.values()
+                  if op.settings.recompute is popart.RecomputeType.Recomputed]
+        assert clones and all(op.settings.execution_phase >= LAYERS - 1 for op in clones)
+    if case == "one_stage":
+        assert {op.settings.ipu for op in phased._ir.main.ops.values()} == {0}
+        assert _max_sram(phased) < _max_sram(plain)
+
+
 def test_F21_phased_inference_equals_the_plain_run():
     weights = _weights(1)
     results = []
@@ -268,7 +296,7 @@ def test_F21_phased_inference_equals_the_plain_run():
 
 
 def _session(opts, ipus=2, phased=True):
-    proto, x, loss, _ = _model(_weights(), phased)
+    proto, _, loss, _ = _model(_weights(), phased)
     return popart.TrainingSession(
         proto, popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}), loss,
         popart.ConstSGD(LR), _device(ipus), userOptions=opts)

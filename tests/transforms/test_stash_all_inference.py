@@ -10,8 +10,8 @@ import logging
 import numpy as np
 
 import popart_backend as popart
-from tests.session.pipeline_models import LAMBDA, MB, D, chain_weights, infer, options
-from tests.session.pipeline_models import training_session
+from tests.session.pipeline_models import (LAMBDA, MB, D, chain_weights, device, infer, options,
+                                           training_session)
 
 LAYERS, IPUS, BPS = 4, 2, 4
 
@@ -82,3 +82,35 @@ def test_stash_all_in_training_logs_no_effect_and_changes_nothing(caplog):
     logged = [r for r in caplog.records
               if "stashAllTensorsInferencePipeline" in r.getMessage()]
     assert len(logged) == 1 and "no effect" in logged[0].getMessage()
+
+
+def test_stash_all_with_skip_connections_keeps_numbers():
+    """h0 is read on its own IPU two stages later (stashed anyway) and on other IPUs: with the
+    option the copies leave from the one stash, whose ring covers the last reader."""
+    builder = popart.Builder(opsets={"ai.onnx": 17, "ai.graphcore": 1})
+    x = builder.addInputTensor(popart.TensorInfo("FLOAT", [MB, D]), "x")
+    w = [builder.addInitializedInputTensor(v, f"w{k}") for k, v in enumerate(chain_weights(3))]
+    h0 = h = x
+    for k, (ipu, stage) in enumerate([(0, 0), (1, 1), (0, 2)]):
+        with builder.virtualGraph(ipu), builder.pipelineStage(stage):
+            h = builder.aiOnnx.tanh([builder.aiOnnx.matmul([h, w[k]])])
+            h0 = h if k == 0 else h0
+            h = builder.aiOnnx.add([h, h0]) if k == 2 else h
+    with builder.virtualGraph(2), builder.pipelineStage(3):
+        out = builder.aiOnnx.add([builder.aiOnnx.sigmoid([h]), h0])
+    proto, x_data = builder.getModelProto(), _x()
+
+    def run(opts, ipus):
+        flow = popart.DataFlow(BPS, {out: popart.AnchorReturnType("All")})
+        session = popart.InferenceSession(proto, flow, device(ipus), userOptions=opts)
+        session.prepareDevice()
+        anchors = session.initAnchorArrays()
+        session.run(popart.PyStepIO({"x": x_data}, anchors))
+        return anchors[out], session
+
+    want, _ = run(popart.SessionOptions(), 1)
+    got, session = run(options(4, True, stashAllTensorsInferencePipeline=True), 4)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    stashes = {op.inputs[2].id: op.outputs[0].info.shape[0]
+               for op in session.getIr().main.ops_of_type("Stash")}
+    assert stashes[h0] == 3  # stage 0 to its last reader, stage 2 (its own IPU)
