@@ -319,9 +319,10 @@ def options(layers_per_ipu: list[int], accumulation: int, off_chip: bool,
 
 def verdict(path: Path, layers_per_ipu: list[int], accumulation: int, off_chip: bool,
             recompute: str = "pipeline", replicas: int = 1, rts: bool = False,
-            ipu_version: str = "ipu2"):
+            ipu_version: str = "ipu2", raise_oom: bool = False):
     """Prepare one training configuration on an offline device: (device model of the
-    report, out-of-memory status). Nothing is run and no device storage is allocated."""
+    report, out-of-memory status). Nothing is run and no device storage is allocated. With
+    ``raise_oom`` an overflow raises ``OutOfMemoryException`` instead."""
     opts = options(layers_per_ipu, accumulation, off_chip, recompute, replicas, rts)
     optimizer = popart.Adam({"defaultLearningRate": (1e-3, False)}, mode=popart.AdamMode.Lamb,
                             accum_type=popart.DataType.FLOAT16,
@@ -332,7 +333,7 @@ def verdict(path: Path, layers_per_ipu: list[int], accumulation: int, off_chip: 
     session = popart.TrainingSession(fnModel=str(path), dataFlow=flow, loss="loss",
                                      optimizer=optimizer, deviceInfo=device, userOptions=opts)
     status = popart.OutOfMemoryError()
-    session.prepareDevice(err=status)
+    session.prepareDevice(**({} if raise_oom else {"err": status}))
     return session.getReport().model, status
 
 

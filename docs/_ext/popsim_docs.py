@@ -33,7 +33,6 @@ from typing import ClassVar
 from docutils import nodes
 from docutils.parsers.rst import directives
 from docutils.statemachine import StringList
-from sphinx.errors import ExtensionError
 from sphinx.util.docutils import SphinxDirective
 
 # --------------------------------------------------------------------------------------------
@@ -193,11 +192,21 @@ class SetterStatusDirective(SphinxDirective):
 
 
 class OptionStatusDirective(SphinxDirective):
-    """The SessionOptions fields that are not built in inference or in training."""
+    """The SessionOptions fields that are not built in inference or in training. ``:training:``
+    lists those built in training sessions (no effect in inference only), the default the
+    rest."""
+
+    option_spec: ClassVar[dict] = {"training": directives.flag}
 
     def run(self):
         rows = []
+        built_in_training = "training" in self.options
         for name, (inf, inf_note, tr, tr_note) in sorted(differing_options().items()):
+            if (tr == "built") is not built_in_training:
+                continue
+            if built_in_training:
+                rows.append([nodes.literal(text=name), strip_citations(inf_note)])
+                continue
             if (inf, inf_note) == (tr, tr_note):
                 status, why = inf, inf_note
             else:
@@ -205,6 +214,9 @@ class OptionStatusDirective(SphinxDirective):
                 why = "; ".join(f"{kind}: {note}" for kind, note in
                                 (("inference", inf_note), ("training", tr_note)) if note)
             rows.append([nodes.literal(text=name), status, strip_citations(why)])
+        if built_in_training:
+            return [_table(["SessionOptions field", "why it has no effect in inference"], rows,
+                           [35, 65])]
         return [_table(["SessionOptions field", "status", "why"], rows, [30, 20, 50])]
 
 
@@ -309,16 +321,13 @@ class RunnableDirective(SphinxDirective):
             try:
                 # The page's own example code, run as the reader would run it.
                 exec(compile(code, f"<{self.env.docname} example>", "exec"), namespace)  # noqa: S102
-            except Exception:  # noqa: BLE001 - any failure fails the build
-                raise ExtensionError(
-                    f"{self.env.docname}: an example on this page no longer runs:\n{code}\n\n"
-                    f"{traceback.format_exc()}") from None
-        shown = [w for w in caught if issubclass(w.category, UserWarning)
-                 and not issubclass(w.category, DeprecationWarning)]
+            except Exception:  # noqa: BLE001 - any failure fails the build (-W)
+                raise self.error(f"this example no longer runs:\n{code}\n\n"
+                                 f"{traceback.format_exc()}") from None
+        shown = [w for w in caught if issubclass(w.category, UserWarning)]
         if shown:
-            raise ExtensionError(
-                f"{self.env.docname}: an example on this page warns "
-                f"({shown[0].category.__name__}: {shown[0].message}):\n{code}")
+            raise self.error(f"this example warns ({shown[0].category.__name__}: "
+                             f"{shown[0].message}):\n{code}")
         block = nodes.literal_block(code, code, language="python")
         result = [block]
         printed = out.getvalue().rstrip()
@@ -334,6 +343,7 @@ def _forget_namespaces(app, env, docname):
 
 
 def setup(app):
+    app.setup_extension("sphinx.ext.autodoc")  # api-reference emits autodoc directives
     app.add_directive("api-reference", ApiReferenceDirective)
     app.add_directive("setter-status", SetterStatusDirective)
     app.add_directive("option-status", OptionStatusDirective)

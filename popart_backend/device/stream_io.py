@@ -105,16 +105,18 @@ def _tensor_input(stream: InputStream, tensor: torch.Tensor, expected: int, chun
                   offset: int) -> torch.Tensor | None:
     """A torch input as the run's only chunk of ``stream``, viewed in place; None when it
     takes the numpy path (more chunks, another dtype or layout: converted or refused there)."""
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:
         raise StepIOError(
             f"PyStepIO's input for tensor '{stream.id}' is a torch tensor on "
             f"{tensor.device}; give a CPU tensor or a numpy array."
         )
     info = stream.info
-    if (chunks == 1 and offset == 0 and tensor.numel() == expected == info.nelms
-            and info.dtype.storage_views_host and tensor.dtype is info.dtype.torch
+    if (chunks == 1 and offset == 0 and tensor.dtype is info.dtype.torch
+            and tensor.numel() == expected == info.nelms and info.dtype.storage_views_host
             and tensor.is_contiguous()):
-        return tensor.detach().view(info.shape)
+        if tensor.requires_grad:
+            tensor = tensor.detach()
+        return tensor if tensor.shape == info.shape else tensor.view(info.shape)
     return None
 
 
@@ -195,12 +197,16 @@ class HandOver:
         and no other tensor shares its storage; else copy it."""
         value = values[source]
         # References: the slot list, ``value`` and getrefcount's argument. Storage users:
-        # this tensor and the temporary storage object.
+        # this tensor and the ``storage`` object.
         if (type(value) is torch.Tensor and value.dtype is self.dtype and value._base is None
-                and value.is_contiguous() and value.storage_offset() == 0
-                and sys.getrefcount(value) == 3
-                and torch._C._storage_Use_Count(value.untyped_storage()._cdata) == 2
-                and value.untyped_storage().nbytes() == value.numel() * value.element_size()):
+                and sys.getrefcount(value) == 3 and value.is_contiguous()
+                and value.storage_offset() == 0):
+            storage = value.untyped_storage()
+            # Not resizable: memory torch did not allocate (numpy's, a buffer someone keeps).
+            if (torch._C._storage_Use_Count(storage._cdata) != 2 or not storage.resizable()
+                    or storage.nbytes() != value.numel() * value.element_size()):
+                self.copy_(value)
+                return
             values[source] = None
             self.results[self.anchor_id] = (value if value.shape == self.shape
                                             else value.view(self.shape))

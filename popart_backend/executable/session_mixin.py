@@ -292,15 +292,20 @@ class ExecutableMixin:
 
     def _write_engine_entry(self, model: DeviceModel, warnings: list | None = None) -> None:
         entry = self._cache_file()
+        collecting = gc.isenabled()
+        gc.disable()  # a burst of acyclic temporaries, freed by reference counting
         try:
             document, arrays = model_to_json(model)
+            write_executable_file(entry, _ENGINE_KIND, _versions(),
+                                  {"fingerprint": self._fingerprint(), "name": self.name,
+                                   "device_model": document, "warnings": warnings or []},
+                                  b"", arrays)
         except popart_exception as exc:
             _log.warning("Engine cache entry '%s' not written: %s", entry, exc)
             return
-        write_executable_file(entry, _ENGINE_KIND, _versions(),
-                              {"fingerprint": self._fingerprint(), "name": self.name,
-                               "device_model": document, "warnings": warnings or []},
-                              b"", arrays)
+        finally:
+            if collecting:
+                gc.enable()
         engine_cache_stats["writes"] += 1
         _log.info("Engine cache entry written: '%s'", entry)
 

@@ -36,7 +36,7 @@ from ..errors import Error
 from ..options.enums import CommGroupType
 
 __all__ = ["ReplicaGroupingSetter", "annotate", "annotated", "bind", "from_device", "groups_of",
-           "install_setters", "read_shape", "to_device"]
+           "install_setters", "read_shape", "state_to_device", "to_device"]
 
 ATTR = "replicaGrouping"
 
@@ -152,14 +152,24 @@ def read_shape(wrapper, fqn: str, shape: tuple) -> tuple:
     return tuple(shape) if count == 1 else (count, *shape)
 
 
-def from_device(wrapper, fqn: str, array: np.ndarray) -> np.ndarray:
-    """The parameter's host value from what the backend returned (replica 0's), keeping the
-    whole read-back in ``per_replica_weights``."""
+def from_device(wrapper, fqn: str, array: np.ndarray, keep: bool = True) -> np.ndarray:
+    """The host value (replica 0's) of parameter ``fqn`` or of its optimizer state from what
+    the backend returned; ``keep``: the whole read-back goes to ``per_replica_weights``."""
     grouping = _grouping(wrapper, fqn)
     if grouping is None:
         return array
-    wrapper.per_replica_weights[fqn] = torch.from_numpy(np.array(array, copy=True))
-    return array[0] if array.ndim and read_shape(wrapper, fqn, ()) != () else array
+    if keep:
+        wrapper.per_replica_weights[fqn] = torch.from_numpy(np.array(array, copy=True))
+    return array[0] if read_shape(wrapper, fqn, ()) != () else array
+
+
+def state_to_device(wrapper, fqn: str, value: np.ndarray) -> np.ndarray:
+    """Optimizer state of parameter ``fqn`` from the host (one replica's shape): every group
+    gets it."""
+    grouping = _grouping(wrapper, fqn)
+    if grouping is None or len(grouping[0]) == 1:
+        return value
+    return np.ascontiguousarray(np.stack([value] * len(grouping[0])))
 
 
 def to_device(wrapper, fqn: str, value: np.ndarray) -> np.ndarray:

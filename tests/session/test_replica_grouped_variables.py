@@ -27,11 +27,12 @@ def _groups(kind, size, n=RF):
     return [list(range(first, n, m)) for first in range(m)]
 
 
-def _build(w_host, b, settings):
+def _build(w_host, b, settings, b_settings=None):
     builder = popart.Builder(opsets={"ai.onnx": 17, "ai.graphcore": 1})
     x = builder.addInputTensor(popart.TensorInfo("FLOAT", [MB, D]), "x")
     w = builder.addInitializedInputTensor(w_host, settings, "w")
-    bias = builder.addInitializedInputTensor(b, "b")  # shared by every replica
+    # b: shared by every replica unless b_settings groups it too
+    bias = builder.addInitializedInputTensor(b, b_settings or popart.VariableSettings(), "b")
     y = builder.aiOnnx.add([builder.aiOnnx.matmul([x, w]), bias])
     loss = builder.aiGraphcore.identityloss(
         [builder.aiOnnx.reducesumsquare([y], keepdims=0)], reduction=popart.ReductionType.Sum)
@@ -170,8 +171,8 @@ def test_stride_form_and_initial_shape_errors():
 
 
 
-def _momentum_session(w_host, settings, rf):
-    proto, loss = _build(w_host, np.zeros(K, np.float32), settings)
+def _momentum_session(w_host, b, settings, rf):
+    proto, loss = _build(w_host, b, settings, settings)
     opts = popart.SessionOptions()
     opts.enableReplicatedGraphs, opts.replicatedGraphCount = True, rf
     device = popart.DeviceManager().createIpuModelDevice({"numIPUs": rf})
@@ -188,15 +189,23 @@ def test_momentum_state_is_per_group_across_weight_writes():
     weightsFromHost round-trip every variable between steps. Reference: one plain replicated
     session per group (rf = group size) on that group's data only."""
     groups = _groups(CG.Consecutive, 2)
-    w_host = np.random.default_rng(8).standard_normal((2, D, K)).astype(np.float32)
-    s = _momentum_session(w_host, popart.VariableSettings(popart.CommGroup(CG.Consecutive, 2)),
-                          RF)
-    alone = [_momentum_session(w_host[g], popart.VariableSettings(), 2) for g in range(2)]
+    rng = np.random.default_rng(8)
+    w_host = rng.standard_normal((2, D, K)).astype(np.float32)
+    b = rng.standard_normal((2, K)).astype(np.float32)
+    grouped = popart.VariableSettings(popart.CommGroup(CG.Consecutive, 2))
+    s = _momentum_session(w_host, b, grouped, RF)
+    alone = [_momentum_session(w_host[g], b[g], popart.VariableSettings(), 2)
+             for g in range(2)]
     for step in _data(3, seed=9):
         s.run(popart.PyStepIO({"x": step}, s.initAnchorArrays()))
         s.weightsToHost()
         s.weightsFromHost()  # must not copy group 0's momentum into group 1
         for g, members in enumerate(groups):
             alone[g].run(popart.PyStepIO({"x": step[members]}, alone[g].initAnchorArrays()))
-    want = np.stack([_read(a, (D, K))["w"] for a in alone])
-    np.testing.assert_allclose(_read(s, w_host.shape)["w"], want, rtol=1e-5, atol=1e-6)
+    want = [_read(a, (D, K)) for a in alone]
+    s.weightsToHost()
+    got = {"w": np.zeros_like(w_host), "b": np.zeros_like(b)}
+    s.readWeights(popart.PyWeightsIO(got))
+    for key in got:
+        np.testing.assert_allclose(got[key], np.stack([w[key] for w in want]), rtol=1e-5,
+                                   atol=1e-6, err_msg=key)
