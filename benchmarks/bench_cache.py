@@ -6,8 +6,10 @@ stored graph). Target: the second compile at least 10x faster.
 ``--popart``: the same for PopART's engine cache (``enableEngineCaching`` + ``cachePath``) on a
 small BERT-style ``TrainingSession`` written with the Builder (embedding, 2 encoder layers of
 attention, layer norm and a feed-forward block, L1 loss, SGD with momentum): session
-construction plus ``prepareDevice`` in a first process (miss) and a second one (hit). It also
-prints where the first process spends its time (import and passes, lowering, device model).
+construction plus ``prepareDevice`` in a first process (miss: passes, device model analysis,
+entry written) and a second one (hit: the passes still run, as the key hashes the IR after
+them, but the device model is loaded from the entry instead of analysed). Edits of the device
+model's sources between the two processes make the second one miss (the key hashes them).
 
     python benchmarks/bench_cache.py [--model bert] [--inference] [--popart]
 

@@ -14,7 +14,7 @@ allocated. The batch norms are exported as inference batch norms (their statisti
 updated) and the loss is the mean of the logits: the classifier's softmax and the statistics
 updates are a small part of a step.
 
-    python benchmarks/resnet50_fit.py [--blocks 3 4 6 3] [--image 224]
+    python benchmarks/resnet50_fit.py [--blocks 3 4 6 3] [--image 224] [--recompute none]
 
 Other ``--blocks``/``--image``/``--width`` values build a smaller net (the script says its figure
 is then not comparable); tests/device/test_resnet50_fit_small.py runs one so it cannot rot.
@@ -125,8 +125,9 @@ def export_resnet(path: Path, micro_batch: int, image: int, blocks=RESNET50_BLOC
     gc.collect()
 
 
-def verdict(path: Path, published: Published, accumulation: int):
-    """The device model of one training configuration (nothing is run or allocated)."""
+def verdict(path: Path, published: Published, accumulation: int, recompute: bool = True):
+    """The device model of one training configuration (nothing is run or allocated); without
+    ``recompute``, no recomputation (the question whether the configuration needs it)."""
     loaded = load_model(str(path))
     opts = popart.SessionOptions()
     opts.enableGradientAccumulation = accumulation > 1
@@ -135,9 +136,11 @@ def verdict(path: Path, published: Published, accumulation: int):
         opts.enableReplicatedGraphs = True
         opts.replicatedGraphCount = published.replicas
     proportion = str(published.available_memory)
-    # 18 images of activations do not fit in one IPU's SRAM without recomputation, so the
-    # released runs must recompute too; their exact checkpoints are not modelled.
-    opts.autoRecomputation = popart.RecomputationType.Standard
+    # 18 images of activations do not fit in one IPU's SRAM without recomputation (run
+    # ``--recompute none``), so the released runs must recompute too; their exact checkpoints
+    # are not known here, Standard places its own.
+    opts.autoRecomputation = (popart.RecomputationType.Standard if recompute
+                              else popart.RecomputationType.NoRecompute)
     opts.convolutionOptions = {"availableMemoryProportion": proportion}
     opts.matmulOptions = {"availableMemoryProportion": proportion}
     optimizer = popart.SGD({"defaultLearningRate": (0.1, False),
@@ -165,13 +168,14 @@ def comparison_line(model, published: Published, comparable: bool = True) -> str
 
 
 def run_published(path: Path, published: Published, accumulation: int,
-                  comparable: bool) -> tuple[object, list[str]]:
+                  comparable: bool, recompute: bool = True) -> tuple[object, list[str]]:
     """(device model, printed lines) of the published configuration or a smaller net."""
     start = time.perf_counter()
-    model = verdict(path, published, accumulation)
+    model = verdict(path, published, accumulation, recompute)
     lines = [f"ResNet training, micro-batch {published.micro_batch}, replication "
              f"{published.replicas}, accumulation {accumulation}, available memory proportion "
-             f"{published.available_memory}, {published.ipu_version}: "
+             f"{published.available_memory}, {published.ipu_version}, "
+             f"{'recomputation Standard' if recompute else 'no recomputation'}: "
              f"{'FITS' if model.memory.fits else 'DOES NOT FIT'} "
              f"({time.perf_counter() - start:.0f} s)"]
     for m in model.memory.ipus:
@@ -193,6 +197,8 @@ def main(argv=None) -> None:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--image", type=int, default=RESNET50_POD16.image)
     parser.add_argument("--accumulation", type=int, default=RESNET50_POD16.accumulation)
+    parser.add_argument("--recompute", choices=("standard", "none"), default="standard",
+                        help="autoRecomputation (none: does the configuration need it?)")
     args = parser.parse_args(argv)
     published = RESNET50_POD16
     comparable = (tuple(args.blocks) == RESNET50_BLOCKS and args.width == 64
@@ -205,7 +211,8 @@ def main(argv=None) -> None:
         print(f"exported ResNet (blocks {args.blocks}, width {args.width}, micro-batch "
               f"{published.micro_batch}, {args.image}x{args.image}, float16) in "
               f"{time.perf_counter() - start:.0f} s")
-        _, lines = run_published(path, published, args.accumulation, comparable)
+        _, lines = run_published(path, published, args.accumulation, comparable,
+                                 args.recompute == "standard")
         print("\n".join(lines))
 
 

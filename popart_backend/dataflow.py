@@ -12,7 +12,7 @@ which micro-batches an anchor returns) lives here too, so both read one definiti
 from __future__ import annotations
 
 import enum
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 

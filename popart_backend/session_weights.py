@@ -93,7 +93,8 @@ class WeightsMixin:
         grouped = self._ir.grouped_variables
         every_replica = [t for t in self._program.weights
                          if t in grouped and grouped[t].retrieval != "OnePerGroup"]
-        self._host_weights.replica_values.update(device.read_replicas(every_replica))
+        if every_replica:
+            self._host_weights.replica_values.update(device.read_replicas(every_replica))
         self._host_weights_in_sync = True
 
     def readWeights(self, weightsIo: PyWeightsIO) -> None:

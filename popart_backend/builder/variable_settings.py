@@ -202,12 +202,6 @@ class VariableSettings:
         return (self.getCommGroupType() is CommGroupType.All
                 and self._mode is VariableRetrievalMode.OnePerGroup)
 
-    def is_single_copy(self) -> bool:
-        """True when every replica shares one value and the host gets that one value: what
-        the simulator's replicated training models."""
-        return (self.getCommGroupType() is CommGroupType.All
-                and self._mode is not VariableRetrievalMode.AllReplicas)
-
     def __repr__(self) -> str:
         if self._domain is not None:
             return f"VariableSettings({self._domain!r}, {self._mode})"

@@ -267,7 +267,11 @@ class SimulatedDevice(GroupedWeights):
             # No bar is drawn for one micro-batch (min_total below): skip its setup, which
             # costs as much as a small model's kernel.
             self._execute = self._execute_replicas
-            self._dispatch(stepio)
+            if (type(stepio) is PyStepIO and self.synthetic == "off"
+                    and not self.program.num_stages):
+                self._run_one(stepio)
+            else:
+                self._dispatch(stepio)
             return
         with progress.track("run", self.program.micro_batches_per_run, "micro-batch",
                             min_total=2) as bar:
@@ -347,6 +351,26 @@ class SimulatedDevice(GroupedWeights):
         if isinstance(stepio, PyStepIO):
             stepio.input_offsets.update(offsets[0])
             stepio.output_offsets.update(offsets[1])
+
+    def _run_one(self, stepio: PyStepIO) -> None:
+        """``_run_micro_batches`` for its most common case, a single micro-batch on a single
+        replica from a PyStepIO (an inference call, a training step), without its loops."""
+        p = self.program
+        feeds, in_offsets = bind_inputs(p, stepio)
+        destinations, out_offsets = bind_outputs(p, stepio)
+        values = self.plan.values
+        for slot, chunks in zip(self._input_slots, feeds):
+            values[slot] = chunks[0]
+        if self._seeds is not None:
+            self._seeds[0][1] = self._micro_batch_counter + self._counter_offsets[0]
+            self._micro_batch_counter += 1
+        with DeviceMode():
+            self._execute_replicas()
+            if self._actions[0]:
+                self._emit(self._actions[0], destinations, stepio, values)
+            if self._outer_steps is not None and self._window_end[0]:
+                self._execute_replicas(self._outer_steps)
+        self._commit_offsets(stepio, (in_offsets, out_offsets))
 
     def _run_micro_batches(self, stepio) -> None:
         """Unpipelined: micro-batch by micro-batch, then the outer fragment at the end of each

@@ -81,6 +81,11 @@ class SigmoidGrad(ElementwiseGrad):
     def kernel(self, dy, y):
         return _aten.sigmoid_backward(dy, y)
 
+    writes_into = True
+
+    def kernel_into(self, out, dy, y):
+        return _aten.sigmoid_backward.grad_input(dy, y, grad_input=out)
+
 
 @register_op("Tanh", versions=(6, 13))
 class Tanh(Unary):
@@ -102,6 +107,11 @@ class Tanh(Unary):
 class TanhGrad(ElementwiseGrad):
     def kernel(self, dy, y):
         return _aten.tanh_backward(dy, y)
+
+    writes_into = True
+
+    def kernel_into(self, out, dy, y):
+        return _aten.tanh_backward.grad_input(dy, y, grad_input=out)
 
 
 @register_op("LeakyRelu", versions=(1, 6, 16))

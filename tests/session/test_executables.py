@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import popart_backend as popart
-from popart_backend.executable.session_mixin import engine_cache_stats
+from popart_backend.executable.session_mixin import _sources_stamp, engine_cache_stats
 from tests.session.executable_worker import STEPS, batches, make_session, run_steps
 from tests.session.training_models import WEIGHTS
 
@@ -144,6 +144,9 @@ def test_f53_engine_cache_concurrent_writers_hit_in_another_process_corrupt_entr
     options.cachePath = str(cache)
     stats = engine_cache_stats
     hits = stats["hits"]
+    # The key hashes the device model's sources as this process first saw them; other edits of
+    # the tree since then would make it (rightly) miss the workers' entry.
+    _sources_stamp.cache_clear()
     make_session(options).prepareDevice()  # the concurrent writers left a valid entry
     assert stats["hits"] == hits + 1
     entries[0].write_bytes(entries[0].read_bytes()[:50])
