@@ -330,6 +330,17 @@ class LayerNorm(FusedOp):
             return torch.native_layer_norm(x, self._shape, scale, bias, self.attrs.epsilon)
         return F.layer_norm(x, self._shape, scale, bias, self.attrs.epsilon)
 
+    writes_into = True  # the inference form (one output; save_stats has three)
+
+    def kernel_into(self, out, x, scale=None, bias=None):
+        if self.attrs.save_stats:
+            return self.kernel(x, scale, bias)
+        # F.layer_norm is native_layer_norm's first output; its statistics stay small temps.
+        torch.ops.aten.native_layer_norm.out(
+            x, self._shape, scale, bias, self.attrs.epsilon,
+            out0=out, out1=x.new_empty(0), out2=x.new_empty(0))
+        return out
+
     def grad(self, g):
         if not self.attrs.save_stats:
             raise popart_exception(

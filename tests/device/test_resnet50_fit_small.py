@@ -70,3 +70,17 @@ def test_small_resnet_fit_plans_convolutions_with_the_session_proportion(run):
     assert temps  # every convolution (forward and gradients) holds its plan's temporaries
     budget = PUBLISHED.available_memory * spec.tile_bytes
     assert all(t.num_bytes <= budget * t.num_tiles for t in temps)
+
+
+def test_small_resnet_fit_without_recomputation_keeps_more_activations(tmp_path, run):
+    """``--recompute none``: the question whether the configuration needs recomputation. The
+    same net without it keeps every forward activation to the backward pass."""
+    model, lines = run
+    assert "recomputation Standard" in lines[0]
+    path = tmp_path / "resnet.onnx"
+    bench.export_resnet(path, PUBLISHED.micro_batch, PUBLISHED.image, (1, 1, 1, 1), 8, 10)
+    plain, plain_lines = bench.run_published(path, PUBLISHED, PUBLISHED.accumulation,
+                                             comparable=False, recompute=False)
+    assert "no recomputation" in plain_lines[0]
+    [with_recompute], [without] = model.memory.ipus, plain.memory.ipus
+    assert without.categories["activations"] > with_recompute.categories["activations"]
