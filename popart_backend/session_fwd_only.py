@@ -26,12 +26,14 @@ import logging
 from .dataflow import DataFlow, PyStepIO
 from .device.analysis import DeviceModel, analyse
 from .device.distributed import replica_comm
+from .device.fp_position import RunPosition, track_run
 from .device.lower import Program, lower
 from .device.run_tables import execution_order
 from .device.simulator import SimulatedDevice
 from .device.transfers import BatchInfo
 from .errors import popart_exception, popart_runtime_error
 from .importer.onnx_model import import_model
+from .session_methods import check_64bit_ranges
 from .transforms.pipeline import inference_passes, run_passes
 
 __all__ = ["FWD_ONLY_HANDLE", "ForwardOnlyMixin", "ForwardOnlyProgram", "build_forward_only"]
@@ -71,6 +73,7 @@ class ForwardOnlyProgram:
         self.program: Program = lower(ir, self.data_flow, session._replication_factor, af)
         self.device: SimulatedDevice | None = None
         self.device_model: DeviceModel | None = None
+        self.runs = 0  # completed runs, for the floating-point check's run position
 
     def shared_weights(self, training_program: Program) -> list[str]:
         trained = set(training_program.weights)
@@ -131,16 +134,28 @@ class ForwardOnlyMixin:
                 _log.warning("run('%s'): the forward-only program does not compute the anchors "
                              "%s (not forward tensors); their arrays are left unwritten.",
                              handle, ", ".join(fwd.skipped_anchors))
-            fwd.device = SimulatedDevice(
+            # Both or neither: a failed analysis must not leave a device without its model.
+            device = SimulatedDevice(
                 fwd.program, training_device.synthetic, self._random_seed,
                 replica_comm(self._options, self._replication_factor))
             fwd.device_model = analyse(
                 fwd.ir, execution_order(fwd.program), self._device_info, fwd.options,
                 BatchInfo.from_program(fwd.program), program=fwd.program,
                 model=self._model.proto)
+            fwd.device = device
+        # The same per-run checks as run(stepio).
+        if self._options.enableSupportedDataTypeCasting and isinstance(stepio, PyStepIO):
+            check_64bit_ranges(fwd.program, stepio)
         shared = fwd.shared_weights(self._program)
         fwd.device.write_weights(training_device.read_weights(shared))
-        fwd.device.run(_only_anchors(stepio, {a.id for a in fwd.program.anchors}))
+        position = None
+        if self._options.enableFloatingPointChecks:  # errors name the call and micro-batch
+            position = RunPosition(f"{self.name}' program '{handle}", fwd.runs + 1,
+                                   self._replication_factor, self._accumulation_factor,
+                                   fwd.ir.main)
+        with track_run(position):
+            fwd.device.run(_only_anchors(stepio, {a.id for a in fwd.program.anchors}))
+        fwd.runs += 1
         self._fwd_only_ran_last = True
 
     def _cycle_model(self) -> DeviceModel:

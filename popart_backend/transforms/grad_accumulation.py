@@ -221,6 +221,128 @@ def count_per_stage(graph) -> list[str]:
     return counters
 
 
+def accumulate_partials_per_stage(graph) -> int:
+    """Add each partial of a weight gradient into its accumulator on the partial's own stage.
+
+    A weight read on several pipeline stages (a tied embedding: the lookup on stage 0, the
+    decoder on a later one) gets a gradient ``Sum`` of partials made on different backward
+    stages; the Sum and its ``Accumulate`` run on the last of them, so every earlier partial
+    would be stashed for each micro-batch in flight. The accumulator sums over micro-batches
+    anyway, so each partial is added on the stage that makes it: nothing crosses a stage.
+    The reduction over replicas (and the optimizer) still reads the accumulator once, in the
+    outer fragment, after every partial. Run after the stages are assigned, before the
+    stashes; returns the number of sums split.
+
+    Only ``Add`` accumulation is split (Sum, Post and PostAndLoss reductions): a running mean
+    rescales the whole accumulator every time, so the partials are left summed (and stashed).
+    Sums whose partials run on another IPU than the accumulator are left too.
+
+    Before (g0 on stage 4, g1 on stage 2, same IPU):
+      Gradient___w = Sum(g0, g1)                            # stage 4
+      Accum___w/accumulated = Accumulate(Accum___w, Gradient___w)   # stage 4
+    After:
+      Accum___w/accumulated = Accumulate(Accum___w, g0)     # stage 4
+      Accum___w/accumulated/1 = Accumulate(Accum___w, g1)   # stage 2
+    """
+    split = 0
+    for op in list(graph.ops_of_type("Accumulate")):
+        grad = op.inputs[1]
+        if not (op.inputs[0].id.startswith(ACCUM_PREFIX) and _splittable(op, grad)):
+            continue
+        parts = _partials(grad)
+        stages = {_stage(t, op) for t in parts}
+        if len(stages) < 2 or any(t.info.shape != grad.info.shape for t in parts):
+            continue
+        if op.attrs.accumulation_type != "Add":
+            _log.info("Gradient '%s' has partials on pipeline stages %s; with the Running mean "
+                      "reduction they are summed (and stashed) on stage %d before being "
+                      "accumulated.", grad.id, sorted(stages), op.settings.pipeline_stage)
+            continue
+        ipus = {t.producer.settings.ipu for t in parts if t.producer is not None}
+        if ipus - {op.settings.ipu}:
+            continue
+        _split(graph, op, grad, parts)
+        split += 1
+    if split:
+        _log.debug("accumulate_partials_per_stage: %d gradient sums split", split)
+    return split
+
+
+def _splittable(op, grad) -> bool:
+    producer = grad.producer
+    return (op.settings.execution_context is ExecutionContext.Normal
+            and op.settings.pipeline_stage is not None and producer is not None
+            and grad.consumers == [op] and grad.id not in op.graph.outputs
+            and _is_grad_sum(producer, grad))
+
+
+def _is_grad_sum(producer, grad) -> bool:
+    """The gradient sum autodiff made (or the Add chain decomposeGradSum made of it)."""
+    if producer.op_type == "Sum":
+        return len(producer.inputs) >= 2 and all(t is not None for t in producer.inputs)
+    return producer.op_type == "Add" and producer.settings.early_in_liveness
+
+
+def _partials(grad) -> list:
+    """The tensors summed into ``grad``: the Sum's inputs, or the leaves of its Add chain."""
+    producer = grad.producer
+    if producer.op_type == "Sum":
+        return list(producer.inputs)
+    parts = []
+    for t in producer.inputs:
+        inner = t.producer
+        if (inner is not None and inner.op_type == "Add" and inner.settings.early_in_liveness
+                and t.consumers == [producer]):
+            parts.extend(_partials(t))
+        else:
+            parts.append(t)
+    return parts
+
+
+def _stage(tensor, accumulate) -> int:
+    producer = tensor.producer
+    if producer is None or producer.settings.pipeline_stage is None:
+        return accumulate.settings.pipeline_stage
+    return producer.settings.pipeline_stage
+
+
+def _split(graph, accumulate, grad, parts) -> None:
+    accum_id = accumulate.inputs[0].id
+    last = [t for t in parts if _stage(t, accumulate) == accumulate.settings.pipeline_stage]
+    own = last[0] if last else parts[-1]
+    # Remove the sum (and its Adds), then read the partials directly.
+    sum_ops, stack = [], [grad.producer]
+    while stack:
+        producer = stack.pop()
+        sum_ops.append(producer)
+        stack.extend(t.producer for t in producer.inputs
+                     if t not in parts and t.producer is not None)
+    graph.replace_input(accumulate, 1, own.id)
+    for producer in sum_ops:
+        outputs = [t for t in producer.outputs if t is not None]
+        graph.remove_op(producer)
+        for t in outputs:
+            graph.remove_tensor(t)
+    befores = set(graph.constraints.get(accumulate.id, ()))
+    afters = [later for later, ids in graph.constraints.items() if accumulate.id in ids]
+    for part in parts:
+        if part is own:
+            continue
+        producer = part.producer
+        stage = _stage(part, accumulate)
+        ipu = producer.settings.ipu if producer is not None else accumulate.settings.ipu
+        name = f"{accum_id}/accumulated"
+        settings = OpSettings(name=name, execution_context=ExecutionContext.Normal, ipu=ipu,
+                              pipeline_stage=stage)
+        op = create_op("Accumulate", {"accumulation_type": "Add"}, settings,
+                       domain=AI_GRAPHCORE, where=name)
+        graph.add_op(op, [accum_id, part.id], [graph.unique_id(name)])
+        # Scheduled like the Accumulate it splits: after the same ops, before the same ops.
+        graph.constraints[op.id] = set(befores)
+        for later in afters:
+            graph.constraints[later].add(op.id)
+
+
 class ResetAccumulators:
     """Pass: zero every accumulator of ``Ir.accumulators`` (and the running-mean counters) in
     the outer fragment, after the optimizer read it.

@@ -10,7 +10,9 @@
   accumulation, accumulators): the stage of what they read. With accumulation, the optimizer
   runs in the accumulate outer fragment, once after the pipeline's flush. The running mean's
   micro-batch counter becomes one counter per stage (``grad_accumulation.count_per_stage``):
-  the stages of a cycle work on different micro-batches.
+  the stages of a cycle work on different micro-batches. A weight gradient summed from
+  partials of several stages is accumulated partial by partial, each on its own stage
+  (``grad_accumulation.accumulate_partials_per_stage``), so no partial is stashed.
 
 Every stage runs on one IPU; a stage's IPU then overrides the op's annotation. The checks and
 their messages are the spec's. ``P`` counts forward and backward stages.
@@ -53,7 +55,7 @@ from ..ir.op import ExecutionContext, Op, OpSettings
 from ..ir.tensor import Tensor, TensorInfo, TensorKind, TensorRole
 from ..ops import stash as _stash_ops  # noqa: F401 - registers Stash / Restore
 from ..ops.registry import AI_GRAPHCORE, create_op
-from .grad_accumulation import count_per_stage
+from .grad_accumulation import accumulate_partials_per_stage, count_per_stage
 from .ipu_copy import add_ipu_copy
 from .virtual_graphs import fill_placement, set_placement
 
@@ -100,6 +102,7 @@ class AssignPipelineStages:
             if op.settings.pipeline_stage is not None:
                 set_placement(op, ipu=stage_ipu[op.settings.pipeline_stage])
         ir.stage_ipus = dict(sorted(stage_ipu.items()))
+        accumulate_partials_per_stage(graph)  # before the counters: stages of the Accumulates
         if ir.accumulation_counters:
             ir.accumulation_counters = tuple(count_per_stage(graph))
         ir.loss_stage = loss_stage

@@ -260,6 +260,10 @@ def test_into_kernel_matches_the_kernel_bit_for_bit(op_type, inputs, attrs, extr
                 plan.set_value(n, to_torch(v))
         plan.execute()
         plan.execute()  # the second run writes into the buffer the first one left
+        if use_arena:  # the into-kernel wrote into its buffer (no silent fallback)
+            fn, ins, *_rest = next(s for s in plan.steps if s[5].op_type == op_type)
+            written = fn(*[plan.values[i] if i >= 0 else None for i in ins])
+            assert written.data_ptr() == plan.values[ins[0]].data_ptr()
         results.append(plan.get_value("y").clone())
     assert results[0].dtype == results[1].dtype and torch.equal(results[0], results[1])
     reference = _reference(op_type, [torch.from_numpy(v) for v in inputs], attrs)
