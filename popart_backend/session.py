@@ -448,8 +448,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin, ForwardOnl
                 f"{seedValue!r}."
             )
         self._random_seed = int(seedValue)
-        if self._device is not None:
-            self._device.set_seed(self._random_seed)
+        self._reseed_devices()  # the session's device and the forward-only program's
 
     def getRNGState(self) -> list[int]:  # noqa: N802
         """The device's RNG state: [seed, micro-batch counter] per local replica, concatenated

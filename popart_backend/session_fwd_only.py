@@ -158,6 +158,13 @@ class ForwardOnlyMixin:
         fwd.runs += 1
         self._fwd_only_ran_last = True
 
+    def _reseed_devices(self) -> None:
+        """``setRandomSeed``: reseed the session's device and, once built, the forward-only
+        program's own device (both restart their micro-batch counters)."""
+        for device in (self._device, self._fwd_only.device if self._fwd_only else None):
+            if device is not None:
+                device.set_seed(self._random_seed)
+
     def _cycle_model(self) -> DeviceModel:
         """The device model of the program the last run executed."""
         if self._fwd_only_ran_last:

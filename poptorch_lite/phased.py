@@ -96,6 +96,8 @@ def place_phased(proto: onnx.ModelProto, strategy) -> blocks.Placement:
             f"{name}: block(s) {', '.join(map(repr, missing))} ran in forward but are in no "
             f"phase of the execution strategy. Known blocks: {', '.join(map(repr, known))}. "
             f"Add them to a phase.")
+    if isinstance(strategy, blocks.SerialPhasedExecution):
+        _log_serial_ipus(strategy, {ipus[b] for b in known} - {None})
     for block in known:
         expected = _expected_ipu(strategy, where[block])
         if isinstance(strategy, blocks.ParallelPhasedExecution) and ipus[block] not in (
@@ -112,6 +114,21 @@ def place_phased(proto: onnx.ModelProto, strategy) -> blocks.Placement:
     placements = [blocks.StagePlacement(index, index % stages, list(phase.stages[0].blocks))
                   for index, phase in enumerate(strategy.phases)]
     return blocks.Placement("phased", placements, stages, phases=count, phase_stages=stages)
+
+
+def _log_serial_ipus(strategy, block_ipus: set[int]) -> None:
+    """Serial phases all run on IPU 0 here: log once an IPU other than 0 asked for by a
+    phase, a stage or a block's ipu_id (every simulated IPU is the same, so which one the
+    phases share changes no number)."""
+    given = set(block_ipus)
+    for phase in strategy.phases:
+        given |= set(phase._ipus or ()) | {s._ipu for s in phase.stages if s._ipu is not None}
+    if given - {0} and "serial_ipu" not in _logged:
+        _logged.add("serial_ipu")
+        _log.warning("SerialPhasedExecution: IPU(s) %s given to the phases or their blocks have "
+                     "no effect: serial phases share one IPU, which is IPU 0 in the simulator "
+                     "(every simulated IPU is the same, so the numbers do not change).",
+                     sorted(given - {0}))
 
 
 def apply_phase_options(options: popart.SessionOptions, placement: blocks.Placement,

@@ -83,9 +83,10 @@ class ArenaLayout:
 
     def bind(self) -> dict[int, torch.Tensor]:
         """Fresh arenas for one replica: output slot -> its view of the arena."""
-        arenas = {d: torch.empty(n, dtype=d) for d, n in self.sizes.items()}
-        return {s: arenas[b.dtype][b.offset:b.offset + math.prod(b.shape)].view(b.shape)
-                for s, b in self.buffers.items()}
+        with torch.inference_mode(False):  # normal tensors: the run loop writes them
+            arenas = {d: torch.empty(n, dtype=d) for d, n in self.sizes.items()}
+            return {s: arenas[b.dtype][b.offset:b.offset + math.prod(b.shape)].view(b.shape)
+                    for s, b in self.buffers.items()}
 
 
 def _eligible(op: Op, ins: tuple, outs: tuple, keep: set[int]) -> bool:

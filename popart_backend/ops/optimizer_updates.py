@@ -140,6 +140,20 @@ class OptimizerUpdate(JournaledWrites, Op):
 
     def _scaled_gradient(self, grad, rest):
         """The un-loss-scaled, clipped gradient in the state's dtype, and the hyper-parameters."""
+        h, factor = self._hyper_and_factor(rest)
+        # Compute in the state's dtype (e.g. f32 moments of an f16 weight).
+        state_dtype = next(
+            (s.dtype for name, s in zip(self.STATE, rest) if s is not None and name != "step"),
+            grad.dtype,
+        )
+        g = grad.to(state_dtype)
+        if factor != 1.0:
+            g = g * factor  # out of place: the gradient tensor may be read elsewhere
+        return g, h
+
+    def _hyper_and_factor(self, rest):
+        """The hyper-parameters of this run and the factor the raw gradient is multiplied by
+        (grad_scale, the clip factor, 1/lossScaling when that is an input)."""
         n = len(self.STATE)
         clip = rest[n]
         h = self._const
@@ -153,15 +167,7 @@ class OptimizerUpdate(JournaledWrites, Op):
             factor *= float(clip)
         if self._divide_loss_scaling:
             factor /= h["loss_scaling"]
-        # Compute in the state's dtype (e.g. f32 moments of an f16 weight).
-        state_dtype = next(
-            (s.dtype for name, s in zip(self.STATE, rest) if s is not None and name != "step"),
-            grad.dtype,
-        )
-        g = grad.to(state_dtype)
-        if factor != 1.0:
-            g = g * factor  # out of place: the gradient tensor may be read elsewhere
-        return g, h
+        return h, factor
 
     def _journals_itself(self, h) -> bool:
         """Whether ``update`` with these hyper-parameters writes through the journal."""

@@ -221,7 +221,7 @@ def count_per_stage(graph) -> list[str]:
     return counters
 
 
-def accumulate_partials_per_stage(graph) -> int:
+def accumulate_partials_per_stage(graph, anchors=()) -> int:
     """Add each partial of a weight gradient into its accumulator on the partial's own stage.
 
     A weight read on several pipeline stages (a tied embedding: the lookup on stage 0, the
@@ -235,14 +235,15 @@ def accumulate_partials_per_stage(graph) -> int:
 
     Only ``Add`` accumulation is split (Sum, Post and PostAndLoss reductions): a running mean
     rescales the whole accumulator every time, so the partials are left summed (and stashed).
-    Sums whose partials run on another IPU than the accumulator are left too.
+    Sums whose partials run on another IPU than the accumulator are left too, and so are
+    anchored sums (``anchors``: their value is wanted every micro-batch).
 
     Before (g0 on stage 4, g1 on stage 2, same IPU):
       Gradient___w = Sum(g0, g1)                            # stage 4
       Accum___w/accumulated = Accumulate(Accum___w, Gradient___w)   # stage 4
     After:
       Accum___w/accumulated = Accumulate(Accum___w, g0)     # stage 4
-      Accum___w/accumulated/1 = Accumulate(Accum___w, g1)   # stage 2
+      Accum___w/accumulated__1 = Accumulate(Accum___w, g1)  # stage 2
     """
     split = 0
     for op in list(graph.ops_of_type("Accumulate")):
@@ -250,6 +251,8 @@ def accumulate_partials_per_stage(graph) -> int:
         if not (op.inputs[0].id.startswith(ACCUM_PREFIX) and _splittable(op, grad)):
             continue
         parts = _partials(grad)
+        if any(t.id in anchors for t in _sum_tensors(grad, parts)):
+            continue
         stages = {_stage(t, op) for t in parts}
         if len(stages) < 2 or any(t.info.shape != grad.info.shape for t in parts):
             continue
@@ -273,10 +276,10 @@ def _splittable(op, grad) -> bool:
     return (op.settings.execution_context is ExecutionContext.Normal
             and op.settings.pipeline_stage is not None and producer is not None
             and grad.consumers == [op] and grad.id not in op.graph.outputs
-            and _is_grad_sum(producer, grad))
+            and _is_grad_sum(producer))
 
 
-def _is_grad_sum(producer, grad) -> bool:
+def _is_grad_sum(producer) -> bool:
     """The gradient sum autodiff made (or the Add chain decomposeGradSum made of it)."""
     if producer.op_type == "Sum":
         return len(producer.inputs) >= 2 and all(t is not None for t in producer.inputs)
@@ -299,6 +302,16 @@ def _partials(grad) -> list:
     return parts
 
 
+def _sum_tensors(grad, parts) -> list:
+    """The sum's own tensors: ``grad`` and the chain's intermediate totals."""
+    found, stack = [], [grad]
+    while stack:
+        tensor = stack.pop()
+        found.append(tensor)
+        stack.extend(t for t in tensor.producer.inputs if t not in parts)
+    return found
+
+
 def _stage(tensor, accumulate) -> int:
     producer = tensor.producer
     if producer is None or producer.settings.pipeline_stage is None:
@@ -308,15 +321,13 @@ def _stage(tensor, accumulate) -> int:
 
 def _split(graph, accumulate, grad, parts) -> None:
     accum_id = accumulate.inputs[0].id
-    last = [t for t in parts if _stage(t, accumulate) == accumulate.settings.pipeline_stage]
-    own = last[0] if last else parts[-1]
+    # The Accumulate keeps a partial of its own stage (the last partial if none is).
+    own_index = next((k for k, t in enumerate(parts)
+                      if _stage(t, accumulate) == accumulate.settings.pipeline_stage),
+                     len(parts) - 1)
+    own = parts[own_index]
     # Remove the sum (and its Adds), then read the partials directly.
-    sum_ops, stack = [], [grad.producer]
-    while stack:
-        producer = stack.pop()
-        sum_ops.append(producer)
-        stack.extend(t.producer for t in producer.inputs
-                     if t not in parts and t.producer is not None)
+    sum_ops = [t.producer for t in _sum_tensors(grad, parts)]
     graph.replace_input(accumulate, 1, own.id)
     for producer in sum_ops:
         outputs = [t for t in producer.outputs if t is not None]
@@ -325,8 +336,8 @@ def _split(graph, accumulate, grad, parts) -> None:
             graph.remove_tensor(t)
     befores = set(graph.constraints.get(accumulate.id, ()))
     afters = [later for later, ids in graph.constraints.items() if accumulate.id in ids]
-    for part in parts:
-        if part is own:
+    for k, part in enumerate(parts):
+        if k == own_index:
             continue
         producer = part.producer
         stage = _stage(part, accumulate)

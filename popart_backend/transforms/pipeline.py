@@ -30,6 +30,7 @@ from .fuse_conv_act import FuseConvActivation
 from .fuse_conv_bn import FoldBatchNormIntoConv
 from .fuse_conv_bn_var import FoldVariableBatchNormIntoConv
 from .fuse_gelu import FuseGelu
+from .fuse_grad_update import FuseGradIntoUpdate
 from .fuse_layer_norm import FuseLayerNorm
 from .fuse_matmul_add import FuseMatMulAdd
 from .grad_accumulation import OUTER, AccumulateGradients, ResetAccumulators, reduction_factors
@@ -214,6 +215,8 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     passes.append(ShardVariables(options, replication_factor, local_replicas))
     if options.enableStochasticRounding:
         passes.append(StochasticRounding())  # after the optimizer: its updates round too
+    passes.append(FuseGradIntoUpdate(placement.mode is VirtualGraphMode.Off
+                                     and not placement.pipelining))
     passes.append(WireRandomSeed())
     passes.append(InplaceVariants())
     if options.enableGradientAccumulation:

@@ -102,7 +102,8 @@ class AssignPipelineStages:
             if op.settings.pipeline_stage is not None:
                 set_placement(op, ipu=stage_ipu[op.settings.pipeline_stage])
         ir.stage_ipus = dict(sorted(stage_ipu.items()))
-        accumulate_partials_per_stage(graph)  # before the counters: stages of the Accumulates
+        # Before the counters: they follow the stages of the Accumulates.
+        accumulate_partials_per_stage(graph, frozenset(ir.anchors))
         if ir.accumulation_counters:
             ir.accumulation_counters = tuple(count_per_stage(graph))
         ir.loss_stage = loss_stage

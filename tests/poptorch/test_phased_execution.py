@@ -179,3 +179,25 @@ def test_P43_parallel_phase_on_the_wrong_ipu_is_refused():
     strategy.phase(0).ipus(1)
     with pytest.raises(Error, match="even phases on IPU 0, odd phases on IPU 1"):
         _train(model, strategy)
+
+
+
+def test_P43_serial_phases_on_another_ipu_are_logged_once(caplog):
+    # Serial phases share IPU 0 in the simulator: an IPU asked for by a phase or a block's
+    # ipu_id has no effect, and says so once.
+    phased._logged.discard("serial_ipu")
+    x, _ = _batches(1)[0]
+    with caplog.at_level(logging.WARNING, logger="poptorch_lite"):
+        model = Chain()
+        for k, layer in enumerate(model.layers):
+            poptorch.BeginBlock(layer, f"l{k}", ipu_id=1)
+        strategy = poptorch.SerialPhasedExecution(*_phases())
+        strategy.phase(0).ipus(1)
+        opts = poptorch.Options().showCompilationProgressBar(False)
+        opts.setExecutionStrategy(strategy)
+        wrapper = poptorch.inferenceModel(model, opts)
+        wrapper(x, torch.zeros(4, dtype=torch.long))
+        assert {op.settings.ipu for op in _ops(wrapper, "Gemm")} == {0}
+        wrapper.destroy()
+        phased._log_serial_ipus(strategy, {1})  # a second model asking the same: not again
+    assert caplog.text.count("IPU(s) [1] given to the phases or their blocks have no effect") == 1
