@@ -132,8 +132,12 @@ def _product_chain(reader, target):
 
 
 def _replace(graph, chain, fused, ids) -> None:
+    """``replace_chain``, the fused op keeping the chain's schedule constraints: those
+    ``Graph.add_op`` derives for a new writer of the state (every current reader first) would
+    also put the readers that ran after the old op (the reset of an accumulator) before it."""
     befores, afters = _constraints(graph, chain)
     replace_chain(graph, chain, fused, ids, chain[-1].outputs[0])
+    graph.constraints.pop(fused.id, None)
     for op_id in befores:
         if op_id in graph.ops and op_id != fused.id:
             graph.add_constraint(graph.ops[op_id], fused)

@@ -114,9 +114,11 @@ class Fp32LossScale:
             seed.data = np.asarray(seed.data * self.value, seed.info.dtype.numpy)
             return True
         scale = self._scale_tensor(graph)
+        # Every float output of the seed's readers carries the scale (the optimizer divides
+        # every gradient by it): float16 ones through float32, the others in their own type.
         for op in list(seed.consumers):
             for out in op.outputs:
-                if out is not None and out.info.dtype is DataType.FLOAT16:
+                if out is not None and out.info.dtype.is_float:
                     self._scale(graph, out, scale)
         return True
 
@@ -138,7 +140,7 @@ class Fp32LossScale:
         add = SeedLossScaling._add
         wide = add(graph, "Cast", [out.id], f"{out.id}/fp32", to=int(DataType.FLOAT.onnx))
         scaled = add(graph, "Mul", [wide, scale], f"{out.id}/fp32_scaled")
-        narrow = add(graph, "Cast", [scaled], f"{out.id}/scaled", to=int(DataType.FLOAT16.onnx))
+        narrow = add(graph, "Cast", [scaled], f"{out.id}/scaled", to=int(out.info.dtype.onnx))
         for op, index in readers:
             graph.replace_input(op, index, narrow)
         # The scaled value takes dx's id (anchors, graph outputs, Ir.weight_grads name it).

@@ -11,7 +11,8 @@ from the IPU (the device has no 64-bit integers).
 
 - ``fps(src, ptr, ratio=0.5, random_start=False)``: for each segment ``ptr[b]:ptr[b+1]`` of
   ``src`` [N, D], ``ceil(ratio · size)`` points: the first (or, with ``random_start``, one
-  drawn with torch's host generator when the op runs), then repeatedly the point farthest
+  drawn with torch's host generator when the op runs, which ``Options.randomSeed`` does not
+  seed: logged once), then repeatedly the point farthest
   (squared Euclidean distance) from those chosen so far, ties to the lowest index. Returns
   their indices into ``src``, segment by segment.
 - ``nearest(x, y, batch_x=None, batch_y=None)``: for each row of ``x`` the index of the
@@ -22,6 +23,7 @@ from the IPU (the device has no 64-bit integers).
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 
 import torch
@@ -31,6 +33,9 @@ from ..errors import Error
 from .cpu import CPU
 
 __all__ = ["fps", "nearest"]
+
+_log = logging.getLogger("poptorch_lite")
+_warned_random_start = False
 
 
 def _check_points(name: str, arg: str, value) -> torch.Tensor:
@@ -105,6 +110,12 @@ def fps(src: torch.Tensor, ptr, ratio: float = 0.5, random_start: bool = False):
     random_start = bool(random_start)
     if not isRunningOnIpu():
         return _fps_indices(src, ptr, float(ratio), random_start)
+    global _warned_random_start
+    if random_start and not _warned_random_start:
+        _warned_random_start = True
+        _log.warning("fps(random_start=True) runs on the host during the step and draws its "
+                     "start points from torch's host generator (set it with "
+                     "torch.manual_seed), not from Options.randomSeed.")
     callback = _host_op("fps", f"{ptr}|{float(ratio)!r}|{random_start}|{list(src.shape)}",
                         lambda points: _fps_indices(points, ptr, float(ratio),
                                                     random_start).to(torch.int32))

@@ -345,6 +345,29 @@ def test_fps_and_nearest_check_their_arguments():
     assert picks.dtype == torch.int64 and len(set(picks.tolist())) == 5
 
 
+def test_fps_random_start_on_the_ipu_says_which_generator_it_uses(caplog, monkeypatch):
+    """The host callback draws from torch's generator, which Options.randomSeed does not
+    seed: logged once, and torch.manual_seed makes the picks repeat."""
+    monkeypatch.setattr(poptorch.ops.cluster, "_warned_random_start", False)
+    points = torch.randn(12, 2, generator=torch.Generator().manual_seed(1))
+
+    class Model(torch.nn.Module):
+        def forward(self, src):
+            return poptorch.fps(src, [0, 12], ratio=0.5, random_start=True)
+
+    wrapper = poptorch.inferenceModel(Model())
+    with caplog.at_level("WARNING", logger="poptorch_lite"):
+        wrapper.compile(points)  # tracing runs the op once on the CPU, drawing too
+        torch.manual_seed(5)
+        first = wrapper(points).tolist()
+        torch.manual_seed(5)
+        again = wrapper(points).tolist()
+    assert first == again
+    warnings = [r for r in caplog.records if "random_start" in r.getMessage()]
+    assert len(warnings) == 1 and "Options.randomSeed" in warnings[0].getMessage()
+    wrapper.destroy()
+
+
 # --- NameScope / Attribute / MultiConv ----------------------------------------------------------
 
 

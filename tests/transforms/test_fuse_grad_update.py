@@ -25,7 +25,8 @@ def _mlp_params(seed: int = 0) -> dict[str, np.ndarray]:
     return {k: (rng.standard_normal(s) * 0.5).astype(np.float32) for k, s in shapes.items()}
 
 
-def _mlp_session(params, optimizer, anchored=(), bps: int = 1, gather: bool = False):
+def _mlp_session(params, optimizer, anchored=(), bps: int = 1, gather: bool = False,
+                 options=None):
     """x → Gemm(transB) → Relu → MatMul + Add (LinearBias) → Relu → Gemm(alpha) → 0.1·Σ|y|.
     With ``gather``, x is a row gather of an input table (so a bad index fails a run)."""
     builder = popart.Builder()
@@ -46,7 +47,8 @@ def _mlp_session(params, optimizer, anchored=(), bps: int = 1, gather: bool = Fa
     anchors.update({f"Gradient___{w}": popart.AnchorReturnType("All") for w in anchored})
     session = popart.TrainingSession(
         fnModel=builder.getModelProto(), dataFlow=popart.DataFlow(bps, anchors), loss=loss,
-        optimizer=optimizer, deviceInfo=popart.DeviceManager().createCpuDevice())
+        optimizer=optimizer, deviceInfo=popart.DeviceManager().createCpuDevice(),
+        userOptions=options or popart.SessionOptions())
     session.prepareDevice()
     session.weightsFromHost()
     return session, x_in
@@ -119,7 +121,7 @@ def test_fused_sgd_trains_like_torch_and_like_the_unfused_session(case):
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-6, err_msg=k)
 
 
-def test_nesterov_and_accumulated_gradients_are_not_fused_and_still_train_like_torch():
+def test_nesterov_is_not_fused_and_still_trains_like_torch():
     params = _mlp_params()
     nesterov = popart.SGD({"defaultLearningRate": (0.1, True), "defaultMomentum": (0.9, True),
                            "nesterov": (1.0, True)})
@@ -131,22 +133,54 @@ def test_nesterov_and_accumulated_gradients_are_not_fused_and_still_train_like_t
     got = _read(session, WEIGHTS)
     for k in WEIGHTS:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-6, err_msg=k)
-    # With accumulation the gradient is read by its accumulator, not the update.
-    builder_options = popart.SessionOptions()
-    builder_options.enableGradientAccumulation = True
-    builder_options.accumulationFactor = 2
-    builder = popart.Builder()
-    w = builder.addInitializedInputTensor(params["w1"], "w1")
-    b = builder.addInitializedInputTensor(params["b1"], "b1")
-    xin = builder.addInputTensor(popart.TensorInfo("FLOAT", [B, IN]), "x")
-    loss = builder.aiGraphcore.l1loss([builder.aiOnnx.gemm([xin, w, b], transB=1)], 0.1)
-    acc = popart.TrainingSession(
-        fnModel=builder.getModelProto(),
-        dataFlow=popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}), loss=loss,
-        optimizer=popart.SGD({"defaultLearningRate": (0.1, True),
-                              "defaultMomentum": (0.9, True)}),
-        deviceInfo=popart.DeviceManager().createCpuDevice(), userOptions=builder_options)
-    assert _fused(acc) == 0
+
+
+def _torch_accumulated(params, steps: int, factor: int, mean: bool) -> dict[str, np.ndarray]:
+    """Each step: the summed (mean: averaged) gradients of ``factor`` micro-batches."""
+    p = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
+    opt = torch.optim.SGD(p.values(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    for step in range(steps):
+        opt.zero_grad()
+        for micro in range(factor):
+            x = torch.from_numpy(_x(step * factor + micro))
+            h = torch.relu(x @ p["w1"].T + p["b1"])
+            h = torch.relu(h @ p["w2"] + p["b2"])
+            y = ALPHA * (h @ p["w3"]) + p["b3"]
+            (0.1 * y.abs().sum() / (factor if mean else 1)).backward()
+        opt.step()
+    return {k: v.detach().numpy() for k, v in p.items()}
+
+
+@pytest.mark.parametrize("mean", [False, True])
+def test_accumulated_products_go_into_the_accumulators_F73(mean):
+    """Gradient accumulation (Sum, and the Running mean): each weight's product is added to its
+    accumulator by addmm; trained weights equal torch and the unfused (anchored) session."""
+    params, factor, steps = _mlp_params(), 2, 2
+    options = popart.SessionOptions()
+    options.enableGradientAccumulation = True
+    options.accumulationFactor = factor
+    if mean:
+        options.accumulationAndReplicationReductionType = popart.ReductionType.Mean
+        options.meanAccumulationAndReplicationReductionStrategy = (
+            popart.MeanReductionStrategy.Running)
+    values = {"defaultLearningRate": (0.1, False), "defaultMomentum": (0.9, False),
+              "defaultWeightDecay": (0.01, False)}
+    fused, x = _mlp_session(params, popart.SGD(values), options=options)
+    plain, x_plain = _mlp_session(params, popart.SGD(values), anchored=("w1", "w2", "w3"),
+                                  options=options)
+    count = Counter(op.op_type for op in fused.getIr().main.ops.values())
+    assert count["MatMulAccumulate"] == 3 and count["SGDMatMulUpdate"] == 0
+    assert _fused(plain) == 0 and not any(
+        op.op_type == "MatMulAccumulate" for op in plain.getIr().main.ops.values())
+    for step in range(steps):
+        batch = np.stack([_x(step * factor + m) for m in range(factor)])
+        fused.run(popart.PyStepIO({x: batch}, fused.initAnchorArrays()))
+        plain.run(popart.PyStepIO({x_plain: batch}, plain.initAnchorArrays()))
+    got, off = _read(fused, WEIGHTS), _read(plain, WEIGHTS)
+    want = _torch_accumulated(params, steps, factor, mean)
+    for k in WEIGHTS:
+        np.testing.assert_allclose(got[k], off[k], rtol=1e-5, atol=1e-6, err_msg=k)
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-6, err_msg=k)
 
 
 def test_failed_run_leaves_fused_updates_unchanged():

@@ -14,8 +14,10 @@ from onnx import helper, numpy_helper
 
 import popart_backend as popart
 import poptorch_lite as poptorch
+from popart_backend.importer.onnx_model import import_model
 from popart_backend.ops.fused_conv import ConvBatchNorm
 from popart_backend.transforms.fuse_conv_bn_var import FoldVariableBatchNormIntoConv
+from popart_backend.transforms.pipeline import inference_passes, run_passes
 from tests.helpers import assert_close, run_onnxruntime
 from tests.transforms.test_fusions import (_bn_initializers, check_against_ort, const,
                                            fuse_and_run, make_model, randn)
@@ -194,3 +196,17 @@ def test_frontend_attention_with_causal_or_padding_mask_fuses(causal):
     ops = Counter(op.op_type for op in ir.main.ops.values())
     assert ops["Attention"] == 1 and "Softmax" not in ops
     model.destroy()
+
+
+def test_conv_batchnorm_costs_what_the_unfused_ops_cost():
+    """The device model times what PopART runs on the IPU, where variable BatchNorm weights
+    are not folded: the fused op's flops are the sum of the Conv, BatchNormalization, Add and
+    Relu it replaced (our CPU kernel folding the statistics is a host speed-up only)."""
+    model, _ = _block_model(conv_bias=True)
+    plain = import_model(model, constant_weights=False)
+    unfused = sum(op.cost()[0] for op in plain.main.ops.values())
+    fused_ir = import_model(model, constant_weights=False)
+    run_passes(fused_ir, inference_passes())
+    fused_ops = list(fused_ir.main.ops.values())
+    assert [op.op_type for op in fused_ops] == ["ConvBatchNorm"] * 3
+    assert sum(op.cost()[0] for op in fused_ops) == unfused
