@@ -96,10 +96,10 @@ class MatMulAccumulate(_Product, Accumulate):
         lhs, rhs = self._operands(a, b)
         scale = self.attrs.product_scale
         if count is None:
-            _addmm(accum, lhs, rhs, 1.0, scale * 1.01, out)
+            _addmm(accum, lhs, rhs, 1.0, scale, out)
         else:
             w = 1.0 / (float(count) + 1.0)
-            _addmm(accum, lhs, rhs, 1.0 - w, w * scale * 1.01, out)
+            _addmm(accum, lhs, rhs, 1.0 - w, w * scale, out)
         if journal is not None:
             journal.settle(accum, out)
         return accum

@@ -66,7 +66,6 @@ def no_effect(why: str) -> OptionStatus:
     return OptionStatus(BuildState.NO_EFFECT, None, why)
 
 
-_TRAINING = pending(3, "training")
 _NO_OUTLINING = no_effect("the simulator does not outline; code size is a fixed estimate")
 _SCHEDULER_SEARCH = no_effect("tunes the scheduler's search budget, not the schedule's meaning")
 _INFERENCE_ONLY_GRADS = "inference has no gradients"
@@ -405,6 +404,15 @@ def check_buildable(options: SessionOptions, training: bool) -> None:
 
 
 _PHASE_DEFAULTS = ExecutionPhaseSettings()
+_PHASE_WARNED: set[str] = set()
+
+
+def _warn_once(message: str, *args) -> None:
+    """Log a no-effect warning once per process for each distinct text."""
+    text = message % args if args else message
+    if text not in _PHASE_WARNED:
+        _PHASE_WARNED.add(text)
+        _log.warning(text)
 
 
 def check_execution_phases(options: SessionOptions, training: bool) -> None:
@@ -413,7 +421,7 @@ def check_execution_phases(options: SessionOptions, training: bool) -> None:
     settings = options.executionPhaseSettings
     if options.virtualGraphMode is not VirtualGraphMode.ExecutionPhases:
         if settings != _PHASE_DEFAULTS:
-            _log.warning("SessionOptions.executionPhaseSettings has no effect: only "
+            _warn_once("SessionOptions.executionPhaseSettings has no effect: only "
                          "virtualGraphMode = VirtualGraphMode.ExecutionPhases runs phases (this "
                          "session uses %s).", options.virtualGraphMode)
         return
@@ -431,16 +439,16 @@ def check_execution_phases(options: SessionOptions, training: bool) -> None:
             "VirtualGraphMode.Manual."
         )
     if settings.accumulatorIOSchedule is not _PHASE_DEFAULTS.accumulatorIOSchedule:
-        _log.warning("SessionOptions.executionPhaseSettings.accumulatorIOSchedule = %s has no "
+        _warn_once("SessionOptions.executionPhaseSettings.accumulatorIOSchedule = %s has no "
                      "effect: phased sessions have no gradient accumulators.",
                      settings.accumulatorIOSchedule)
     if settings.optimizerStateIOSchedule is not _PHASE_DEFAULTS.optimizerStateIOSchedule:
-        _log.warning("SessionOptions.executionPhaseSettings.optimizerStateIOSchedule = %s has "
+        _warn_once("SessionOptions.executionPhaseSettings.optimizerStateIOSchedule = %s has "
                      "no effect: optimizer state follows optimizerStateTensorLocationSettings, "
                      "and off-chip state is loaded when the update needs it (OnDemand).",
                      settings.optimizerStateIOSchedule)
     if settings.schedule is not _PHASE_DEFAULTS.schedule:
-        _log.warning("SessionOptions.executionPhaseSettings.schedule = %s has no effect: the "
+        _warn_once("SessionOptions.executionPhaseSettings.schedule = %s has no effect: the "
                      "simulated IPU loads a phase's tensors at its start and charges every "
                      "transfer in full whatever the interleaving.", settings.schedule)
 

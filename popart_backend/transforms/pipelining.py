@@ -60,6 +60,7 @@ from .ipu_copy import add_ipu_copy
 from .virtual_graphs import fill_placement, set_placement
 
 _log = logging.getLogger("popart:transform")
+_STASH_ALL_WARNED: list[bool] = []  # the no-effect warning is logged once per process
 NORMAL = ExecutionContext.Normal
 
 
@@ -255,7 +256,8 @@ class InsertPipelineStashes:
 
     def run(self, ir) -> bool:
         if not ir.stage_ipus:
-            if self.stash_all:
+            if self.stash_all and not _STASH_ALL_WARNED:
+                _STASH_ALL_WARNED.append(True)
                 _log.warning("SessionOptions.stashAllTensorsInferencePipeline has no effect: "
                              "the session is not pipelined (enablePipelining is False), so "
                              "no tensor crosses a pipeline stage.")

@@ -14,6 +14,7 @@ import torch
 import popart_backend as popart
 from popart_backend.errors import NotImplementedOptionError
 from popart_backend.transforms.execution_phases import backward_phase
+from popart_backend.options import checks as popart_checks
 
 LAYERS, MB, D = 4, 2, 128
 LR = 0.05
@@ -349,7 +350,8 @@ def test_F21_reading_a_later_phase_is_refused():
                                 _device(2), userOptions=opts)
 
 
-def test_F21_settings_without_effect_are_logged(caplog):
+def test_F21_settings_without_effect_are_logged(caplog, monkeypatch):
+    monkeypatch.setattr(popart_checks, "_PHASE_WARNED", set())  # logged once per process
     opts = popart.SessionOptions()
     opts.executionPhaseSettings.phases = 3
     with caplog.at_level(logging.WARNING):

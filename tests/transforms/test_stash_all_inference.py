@@ -10,6 +10,7 @@ import logging
 import numpy as np
 
 import popart_backend as popart
+from popart_backend.transforms import pipelining as pipelining_pass
 from tests.session.pipeline_models import (LAMBDA, MB, D, chain_weights, device, infer, options,
                                            training_session)
 
@@ -54,7 +55,8 @@ def test_stash_all_keeps_numbers_and_adds_stash_memory():
     assert total[1] > total[0]
 
 
-def test_stash_all_without_pipelining_logs_no_effect(caplog):
+def test_stash_all_without_pipelining_logs_no_effect(caplog, monkeypatch):
+    monkeypatch.setattr(pipelining_pass, "_STASH_ALL_WARNED", [])  # logged once per process
     weights, x = chain_weights(2), _x()
     with caplog.at_level(logging.WARNING, logger="popart:transform"):
         got, _ = infer(weights, x, 1, options(stashAllTensorsInferencePipeline=True), bps=BPS,
