@@ -374,19 +374,16 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin, ForwardOnl
         _log.log(_TRACE, "Session::run")
         if self._value_io:
             if isinstance(stepio, PyStepIO) and stepio.allocate_outputs:
-                raise popart_exception(
-                    "run(): this model has sequence or optional inputs/outputs, whose host "
-                    "arrays the step IO must provide; use PyStepIO(inputs, "
-                    "session.initAnchorArrays()) instead of allocate_outputs=True.")
+                raise popart_exception("run(): PyStepIO(allocate_outputs=True) cannot give this "
+                                       "model's sequence or optional anchors; pass "
+                                       "session.initAnchorArrays() as its outputs instead.")
             streams = {s.id: s.info for s in (*self._program.inputs, *self._program.anchors)}
             stepio = self._value_io.flatten_step_io(stepio, streams)
         if self._options.enableSupportedDataTypeCasting and isinstance(stepio, PyStepIO):
             check_64bit_ranges(self._program, stepio)
-        if self._options.enableFloatingPointChecks:  # errors name the call and micro-batch
-            with track_run(RunPosition(self.name, self._runs + 1, self._replication_factor,
-                                       self._accumulation_factor, self._ir.main)):
-                device.run(stepio)
-        else:
+        checked = self._options.enableFloatingPointChecks  # errors name the call and micro-batch
+        with track_run(RunPosition(self.name, self._runs + 1, self._replication_factor,
+                                   self._accumulation_factor, self._ir.main) if checked else None):
             device.run(stepio)
         self._fwd_only_ran_last = False
         if self._training:
@@ -418,6 +415,8 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin, ForwardOnl
 
     def getInfo(self, id: str) -> TensorInfo:  # noqa: N802,A002 - PopART's names
         tensors = self._ir.main.tensors
+        if id not in tensors and id in self._ir.fused_gradients:
+            return TensorInfo.from_ir(self._ir.fused_gradients[id])
         if id not in tensors:
             close = difflib.get_close_matches(id, list(tensors), n=3)
             hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
@@ -427,7 +426,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin, ForwardOnl
     def getAllTensorIds(self) -> set[str]:  # noqa: N802 - PopART's name
         """The ids of every tensor of the IR after its passes, gradients under the reserved
         prefix (``Gradient___<id>``); subgraph tensors as ``<graph id>/<tensor id>``."""
-        ids = set(self._ir.main.tensors)
+        ids = set(self._ir.main.tensors) | set(self._ir.fused_gradients)
         for graph_id, graph in self._ir.graphs.items():
             if graph is not self._ir.main:
                 ids.update(t if t.startswith(f"{graph_id}/") else f"{graph_id}/{t}"

@@ -97,6 +97,9 @@ class Ir:
         # The running-mean micro-batch counters (accumulate_gradients adds one, reset by
         # reset_accumulators; assign_pipeline_stages splits it into one per stage).
         self.accumulation_counters: tuple[str, ...] = ()
+        # Gradient tensors a fusion computed inside their reader and removed (id -> info;
+        # fuse_grad_update). They stay tensor ids of the session (getAllTensorIds, getInfo).
+        self.fused_gradients: dict = {}
         # What the optimizer added (apply_optimizer; read by shard_variables and the session's
         # updateOptimizerFromHost). None until the optimizer ran.
         self.optimizer_tensors: OptimizerTensors | None = None

@@ -32,7 +32,6 @@ from .accumulate import Accumulate
 from .fused import FUSED_DOMAIN
 from .optimizer_updates import SGDUpdate, _first, _settle
 from .registry import register_op
-from .state_journal import JournaledWrites
 
 __all__ = ["MatMulAccumulate", "SGDMatMulUpdate"]
 
@@ -72,7 +71,7 @@ class MatMulAccumulate(_Product, Accumulate):
 
     @classmethod
     def from_accumulate(cls, op: Accumulate, a_transposed: bool, b_transposed: bool,
-                        product_scale: float) -> "MatMulAccumulate":
+                        product_scale: float) -> MatMulAccumulate:
         attrs = cls.Attrs(**asdict(op.attrs), a_transposed=a_transposed,
                           b_transposed=b_transposed, product_scale=product_scale)
         return cls(attrs, op.settings)
@@ -127,7 +126,7 @@ class SGDMatMulUpdate(_Product, SGDUpdate):
 
     @classmethod
     def from_update(cls, update: SGDUpdate, a_transposed: bool, b_transposed: bool,
-                    product_scale: float) -> "SGDMatMulUpdate":
+                    product_scale: float) -> SGDMatMulUpdate:
         attrs = cls.Attrs(**asdict(update.attrs), a_transposed=a_transposed,
                           b_transposed=b_transposed, product_scale=product_scale)
         return cls(attrs, update.settings)

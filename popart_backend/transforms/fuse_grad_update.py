@@ -132,10 +132,14 @@ def _product_chain(reader, target):
 
 
 def _replace(graph, chain, fused, ids) -> None:
-    """``replace_chain``, the fused op keeping the chain's schedule constraints: those
-    ``Graph.add_op`` derives for a new writer of the state (every current reader first) would
-    also put the readers that ran after the old op (the reset of an accumulator) before it."""
+    """``replace_chain``, the fused op keeping the chain's schedule constraints (those
+    ``Graph.add_op`` derives for a new writer of the state, every current reader first, would
+    also put the readers that ran after the old op, such as an accumulator's reset, before it).
+    The gradient tensors the chain made are recorded in ``Ir.fused_gradients``."""
     befores, afters = _constraints(graph, chain)
+    if graph.ir is not None:
+        graph.ir.fused_gradients.update(
+            (t.id, t.info) for op in chain[:-1] for t in op.outputs if t is not None)
     replace_chain(graph, chain, fused, ids, chain[-1].outputs[0])
     graph.constraints.pop(fused.id, None)
     for op_id in befores:

@@ -112,3 +112,22 @@ def test_torch_input_of_another_dtype_is_refused_like_numpy():
 def test_allocate_outputs_needs_an_empty_outputs_dict():
     with pytest.raises(popart.popart_exception, match="pass an empty outputs dict"):
         popart.PyStepIO({}, {"y": np.zeros(2, np.float32)}, allocate_outputs=True)
+
+
+def test_torch_int64_inputs_are_range_checked_like_numpy():
+    """enableSupportedDataTypeCasting (default on) refuses int64 values outside int32 also for
+    a torch input; in-range values give numpy's result."""
+    b = popart.Builder(opsets={"ai.onnx": 11})
+    idx = b.addInputTensor(popart.TensorInfo("INT64", [3]), "idx")
+    out = b.aiOnnx.cast([b.aiOnnx.mul([idx, idx])], "FLOAT")
+    session = popart.InferenceSession(b.getModelProto(), popart.DataFlow(1, [out]),
+                                      popart.DeviceManager().createCpuDevice())
+    session.prepareDevice()
+    good = torch.tensor([5, 0, 2], dtype=torch.int64)
+    stepio = popart.PyStepIO({idx: good}, {}, allocate_outputs=True)
+    session.run(stepio)
+    np.testing.assert_array_equal(np.asarray(stepio.outputs[out]),
+                                  (good.numpy() * good.numpy()).astype(np.float32))
+    bad = torch.tensor([0, 2 ** 40, 1], dtype=torch.int64)
+    with pytest.raises(popart.popart_exception, match=f"holds {2 ** 40}, outside the INT32"):
+        session.run(popart.PyStepIO({idx: bad}, {}, allocate_outputs=True))

@@ -110,6 +110,9 @@ def test_fused_sgd_trains_like_torch_and_like_the_unfused_session(case):
     assert _fused(fused) == 3 and _fused(plain) == 1
     ir = fused.getIr().main
     assert not any(t.startswith("Gradient___w") for t in ir.tensors)
+    # They remain tensor ids of the session, with the weight's info.
+    assert {f"Gradient___{w}" for w in WEIGHTS} <= fused.getAllTensorIds()
+    assert fused.getInfo("Gradient___w1").shape() == [H, IN]
     steps = 3
     for step in range(steps):
         fused.run(popart.PyStepIO({x: _x(step)}, fused.initAnchorArrays()))
