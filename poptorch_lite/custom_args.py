@@ -44,7 +44,7 @@ class _Context:
     """The pytree context of a parsed struct: the struct itself (for ``reconstruct``) and a
     key of its non-tensor state (equality and the signature's text use only the key)."""
 
-    __slots__ = ("key", "struct")
+    __slots__ = ("fields", "key", "struct")
 
     def __init__(self, struct):
         self.struct = struct
@@ -54,6 +54,7 @@ class _Context:
                      for n in _names(cls.__dict__.get("__slots__", ()))]
             state = {n: getattr(struct, n) for n in names if hasattr(struct, n)}
         plain = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
+        self.fields = plain  # compared field by field in the changed-input message
         self.key = f"{type(struct).__qualname__}{sorted(plain.items(), key=str)!r}"
 
     def __eq__(self, other) -> bool:

@@ -19,6 +19,12 @@ read by a global-norm clip factor, have other readers or producers, so they stay
 so do accumulators of another dtype than the gradient (accumType). Not fused either: Nesterov, stochastic rounding, skip-on-overflow (their
 settings are checked, the pass runs after the passes that set them), float16 partials,
 mixed dtypes, and models spread over IPUs, pipeline stages or execution phases.
+
+It runs only with ``SessionOptions.delayVarUpdates = False``. By default (True) PopART keeps
+every weight gradient until the updates at the end of the backward pass; fusing would move the
+update and hide those gradients from the memory model. With the option off the gradient lives
+from its product to its update, the two adjacent ops fused here, so the memory model misses
+only that one transient buffer.
 """
 
 from __future__ import annotations

@@ -215,8 +215,11 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     passes.append(ShardVariables(options, replication_factor, local_replicas))
     if options.enableStochasticRounding:
         passes.append(StochasticRounding())  # after the optimizer: its updates round too
+    # Only with delayVarUpdates off: by default PopART holds every weight gradient until the
+    # updates at the end of the backward pass, and the device model must see those gradients.
     passes.append(FuseGradIntoUpdate(placement.mode is VirtualGraphMode.Off
-                                     and not placement.pipelining))
+                                     and not placement.pipelining
+                                     and not options.delayVarUpdates))
     passes.append(WireRandomSeed())
     passes.append(InplaceVariants())
     if options.enableGradientAccumulation:

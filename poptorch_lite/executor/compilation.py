@@ -481,11 +481,34 @@ def _diff(old: tracing.InputSignature, new: tracing.InputSignature) -> str:
         more = f" and {len(extra) - 4} more" if len(extra) > 4 else ""
         parts.append(f"inputs not in the compiled signature: {shown}{more}")
     if not parts:
-        parts.append(f"the container structure differs: expected {old.treedef}, "
-                     f"got {new.treedef}")
+        parts.append(_structure_diff(old.treedef, new.treedef, "input")
+                     or f"the container structure differs: expected {old.treedef}, "
+                        f"got {new.treedef}")
     if len(parts) > 6:
         parts = parts[:6] + [f"{len(parts) - 6} more"]
     return "; ".join(parts)
+
+
+def _structure_diff(old, new, path: str) -> str | None:
+    """The first place two input tree specs differ, said plainly: a container of another
+    type or length, or a changed non-tensor field of a custom argument type."""
+    if old.type is not new.type or old.num_children != new.num_children:
+        return (f"{path}: expected {getattr(old.type, '__name__', old.type)} of "
+                f"{old.num_children} item(s), got {getattr(new.type, '__name__', new.type)} of "
+                f"{new.num_children}")
+    if old.context != new.context:
+        before, after = getattr(old.context, "fields", None), getattr(new.context, "fields", None)
+        if before is None or after is None:
+            return f"{path}: expected {old.context!r}, got {new.context!r}"
+        return "; ".join(f"{path}.{k}: expected {before.get(k)!r}, got {after.get(k)!r}"
+                         for k in sorted(set(before) | set(after), key=str)
+                         if before.get(k) != after.get(k))
+    keys = old.context if isinstance(old.context, list) else range(old.num_children)
+    for i, key in enumerate(keys):
+        found = _structure_diff(old.child(i), new.child(i), f"{path}[{key!r}]")
+        if found:
+            return found
+    return None
 
 
 def find_loss(traced: tracing.TracedModel) -> str:

@@ -45,13 +45,21 @@ def _mlp_session(params, optimizer, anchored=(), bps: int = 1, gather: bool = Fa
     loss = builder.aiGraphcore.l1loss([y], 0.1, reduction=popart.ReductionType.Sum)
     anchors = {loss: popart.AnchorReturnType("All")}
     anchors.update({f"Gradient___{w}": popart.AnchorReturnType("All") for w in anchored})
+    if options is None:
+        options = _early_updates()
     session = popart.TrainingSession(
         fnModel=builder.getModelProto(), dataFlow=popart.DataFlow(bps, anchors), loss=loss,
         optimizer=optimizer, deviceInfo=popart.DeviceManager().createCpuDevice(),
-        userOptions=options or popart.SessionOptions())
+        userOptions=options)
     session.prepareDevice()
     session.weightsFromHost()
     return session, x_in
+
+
+def _early_updates() -> popart.SessionOptions:
+    options = popart.SessionOptions()
+    options.delayVarUpdates = False  # the fusion's condition (module doc of the pass)
+    return options
 
 
 def _read(session, names) -> dict[str, np.ndarray]:
@@ -159,7 +167,7 @@ def test_accumulated_products_go_into_the_accumulators_F73(mean):
     """Gradient accumulation (Sum, and the Running mean): each weight's product is added to its
     accumulator by addmm; trained weights equal torch and the unfused (anchored) session."""
     params, factor, steps = _mlp_params(), 2, 2
-    options = popart.SessionOptions()
+    options = _early_updates()
     options.enableGradientAccumulation = True
     options.accumulationFactor = factor
     if mean:
@@ -231,7 +239,8 @@ def test_encoder_block_with_momentum_fuses_its_linear_weights_F6():
         anchors.update({f"Gradient___{w}": popart.AnchorReturnType("All") for w in anchored})
         session = popart.TrainingSession(
             fnModel=model, dataFlow=popart.DataFlow(1, anchors), loss="loss",
-            optimizer=popart.SGD(values), deviceInfo=popart.DeviceManager().createCpuDevice())
+            optimizer=popart.SGD(values), deviceInfo=popart.DeviceManager().createCpuDevice(),
+            userOptions=_early_updates())
         session.prepareDevice()
         session.weightsFromHost()
         for _ in range(3):
@@ -243,3 +252,13 @@ def test_encoder_block_with_momentum_fuses_its_linear_weights_F6():
     assert n_fused == 5 and n_plain == 0
     for k in params:
         np.testing.assert_allclose(got[k], off[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_default_delayed_updates_keep_every_gradient():
+    """With PopART's default delayVarUpdates = True every gradient lives until the updates at
+    the end of the backward pass, so nothing is fused and the memory model sees them all."""
+    params = _mlp_params()
+    values = {"defaultLearningRate": (0.1, False), "defaultMomentum": (0.9, False)}
+    session, _ = _mlp_session(params, popart.SGD(values), options=popart.SessionOptions())
+    assert _fused(session) == 0
+    assert all(f"Gradient___{w}" in session.getIr().main.tensors for w in WEIGHTS)

@@ -9,7 +9,6 @@ import copy
 import re
 
 import numpy as np
-import pytest
 import torch
 
 import popart_backend as popart
