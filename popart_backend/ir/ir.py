@@ -100,6 +100,9 @@ class Ir:
         # Gradient tensors a fusion computed inside their reader and removed (id -> info;
         # fuse_grad_update). They stay tensor ids of the session (getAllTensorIds, getInfo).
         self.fused_gradients: dict = {}
+        # Tensors whose gradient autodiff names Gradient___<id> when it makes one, anchored or
+        # not (track_conv_and_matmul_gradients, for automatic loss scaling's histogram).
+        self.named_gradients: set[str] = set()
         # What the optimizer added (apply_optimizer; read by shard_variables and the session's
         # updateOptimizerFromHost). None until the optimizer ran.
         self.optimizer_tensors: OptimizerTensors | None = None

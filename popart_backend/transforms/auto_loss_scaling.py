@@ -28,14 +28,35 @@ import dataclasses
 import numpy as np
 
 from ..dtypes import DataType
-from ..errors import NotImplementedOptionError, popart_exception
+from ..errors import popart_exception
 from ..ir.ir import Ir
 from ..ir.op import ExecutionContext, OpSettings
 from ..ir.tensor import TensorInfo, TensorKind, TensorRole
 from ..ops.registry import AI_GRAPHCORE, create_op
 from ..options.enums import GradientTensorTrackingMethod
+from .autodiff import GRADIENT_PREFIX
 
 STATS_ID = "lossScaleStats___"
+
+
+class TrackConvAndMatmulGradients:
+    """Pass (before autodiff; automatic loss scaling with ConvAndMatmulGradients): the
+    inputs of every matrix-unit op (MatMul, Gemm, Conv and their fused forms) other than the
+    streamed ones get their gradient named ``Gradient___<id>`` (``Ir.named_gradients``), so
+    the histogram can read the gradients of weights and activations alike.
+
+    Before:  h = MatMul(x, w1); y = MatMul(h, w2)       # x streamed
+    After:   Ir.named_gradients = {w1, h, w2}           # autodiff names Gradient___h too
+    """
+
+    name = "track_conv_and_matmul_gradients"
+
+    def run(self, ir: Ir) -> bool:
+        before = len(ir.named_gradients)
+        ir.named_gradients |= {t.id for op in ir.main.ops.values() if op.uses_amp
+                               for t in op.inputs
+                               if t is not None and t.kind is not TensorKind.STREAM}
+        return len(ir.named_gradients) != before
 
 
 class AutomaticLossScaling:
@@ -107,10 +128,15 @@ class AutomaticLossScaling:
                 f"only with gradientTensorTrackingMethod GradientsOfUserSpecifiedTensors, not "
                 f"{method.name}; set that method or leave toTrackTensors unset.")
         if method is GradientTensorTrackingMethod.ConvAndMatmulGradients:
-            raise NotImplementedOptionError(
-                "automaticLossScalingSettings.gradientTensorTrackingMethod "
-                "ConvAndMatmulGradients is not built; use AllNonViewChangingGradientTensors "
-                "(the gradients of every trained weight) or GradientsOfUserSpecifiedTensors.")
+            # The gradients of every input of a matrix-unit op (MatMul, Gemm, Conv and their
+            # fused forms) that has one: weights and activations alike.
+            tracked = [GRADIENT_PREFIX + tid for tid in sorted(ir.named_gradients)
+                       if GRADIENT_PREFIX + tid in ir.main.tensors]
+            if not tracked:
+                raise popart_exception(
+                    "automaticLossScalingSettings: ConvAndMatmulGradients found no gradient of "
+                    "an input of a MatMul or Conv; use AllNonViewChangingGradientTensors.")
+            return tracked
         if not ir.weight_grads:
             raise popart_exception("automaticLossScalingSettings: the model trains no weight, "
                                    "so there are no gradients to track.")

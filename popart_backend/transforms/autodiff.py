@@ -184,6 +184,11 @@ class Autodiff:
         self._backprop(order, grads, reaches_loss, start)
 
         changed = self._name_anchored(graph, wanted, grads, reaches_loss, start)
+        for tid in sorted(ir.named_gradients - set(wanted)):  # named only where one exists
+            tensor = graph.tensors.get(tid)
+            if tensor is not None and tid in grads and tensor.kind is not TensorKind.VARIABLE:
+                self._named_total(grads, tensor)
+                changed = True
         for tensor in list(graph.tensors.values()):
             if tensor.kind is TensorKind.VARIABLE and tensor.id in grads:
                 self.variable_grads[tensor.id] = self._named_total(grads, tensor)

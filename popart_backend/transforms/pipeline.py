@@ -18,7 +18,7 @@ import logging
 from ..errors import popart_exception
 from ..ir.op import ExecutionContext
 from ..ir.verify import verify
-from ..options.enums import ReductionType, VirtualGraphMode
+from ..options.enums import GradientTensorTrackingMethod, ReductionType, VirtualGraphMode
 from ..options.planning import conv_half_partials, matmul_half_partials
 from .apply_patterns import ApplyPatterns
 from .autodiff import Autodiff
@@ -40,7 +40,7 @@ from .numerics_options import (FloatingPointChecks, HalfPartialConvs, HalfPartia
                                KernelChecks, NonStableSoftmax, StridedGroupNorm)
 from .ipu_copy import InsertIpuCopies
 from .pipelining import AssignPipelineStages, InsertPipelineStashes
-from .auto_loss_scaling import AutomaticLossScaling
+from .auto_loss_scaling import AutomaticLossScaling, TrackConvAndMatmulGradients
 from .random_seed import WireRandomSeed
 from .stochastic_rounding import StochasticRounding
 from .recompute import Recompute
@@ -180,7 +180,12 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
                     TrainingSemantics(),
                     FuseMatMulAdd(training=True), FuseGelu(training=True),
                     FuseLayerNorm(training=True), FuseAttention(training=True),
-                    ApplyPatterns(), AssignVirtualGraphs(placement), Autodiff(loss_id, seed)]
+                    ApplyPatterns(), AssignVirtualGraphs(placement)]
+    als = options.automaticLossScalingSettings
+    if als.enabled and (als.gradientTensorTrackingMethod
+                        is GradientTensorTrackingMethod.ConvAndMatmulGradients):
+        passes.append(TrackConvAndMatmulGradients())  # the histogram's gradients, named
+    passes.append(Autodiff(loss_id, seed))
     if half_partials(options):
         passes.append(HalfPartialMatMuls())  # the gradient products autodiff added
     # Gradient ops inherit their forward op's settings: clear half partials they cannot honour.

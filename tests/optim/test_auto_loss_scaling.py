@@ -136,3 +136,34 @@ def test_poptorch_set_automatic_loss_scaling_moves_the_scale():
     scale.readWeights(popart.PyWeightsIO(out))
     assert float(out[SCALE_ID]) == 8.0 * 2**3
     wrapper.destroy()
+
+
+def test_conv_and_matmul_gradients_tracks_the_gradients_of_every_matmul_input():
+    """ConvAndMatmulGradients: the histogram reads the gradients of the MatMul inputs that
+    have one (both weights and the activation between them), not only the weights'."""
+    builder = popart.Builder()
+    x = builder.addInputTensor(popart.TensorInfo("FLOAT16", [BATCH, FEATURES]), "x")
+    w1 = builder.addInitializedInputTensor(np.full((FEATURES, OUT), 0.5, np.float16), "w1")
+    w2 = builder.addInitializedInputTensor(np.full((OUT, OUT), 0.5, np.float16), "w2")
+    h = builder.aiOnnx.matmul([x, w1])
+    y = builder.aiOnnx.matmul([h, w2])
+    loss = builder.aiGraphcore.l1loss([y], 1.0, reduction=popart.ReductionType.Sum)
+
+    def tracked(method):
+        options = popart.SessionOptions()
+        options.automaticLossScalingSettings = popart.AutomaticLossScalingSettings(
+            enabled=True, gradientTensorTrackingMethod=method)
+        session = popart.TrainingSession(
+            fnModel=builder.getModelProto(), dataFlow=popart.DataFlow(1, {}), loss=loss,
+            optimizer=popart.SGD({"defaultLearningRate": (1e-4, True),
+                                  "lossScaling": (4.0, False)}),
+            userOptions=options, deviceInfo=popart.DeviceManager().createCpuDevice())
+        histogram = next(op for op in session.getIr().main.ops.values()
+                         if op.op_type == "LossScaleHistogram")
+        return {t.id for t in histogram.inputs[1:]}
+
+    method = popart.GradientTensorTrackingMethod
+    assert tracked(method.AllNonViewChangingGradientTensors) == {
+        f"Gradient___{w1}", f"Gradient___{w2}"}
+    assert tracked(method.ConvAndMatmulGradients) == {
+        f"Gradient___{w1}", f"Gradient___{w2}", f"Gradient___{h}"}
