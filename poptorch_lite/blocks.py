@@ -394,6 +394,27 @@ class Placement:
 _DEFAULT = "<before any block>"
 
 
+AVAILABLE_MEMORY_ATTR = "__available_memory"
+_MATRIX_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
+
+
+def apply_memory_proportions(proto: onnx.ModelProto, proportions: dict) -> None:
+    """``Options.setAvailableMemoryProportion({"IPU0": p, ...})``: every MatMul, Gemm and
+    Conv placed on IPU k that has no proportion of its own (``set_available_memory``) gets
+    "IPUk"'s value, which the backend's planner uses to bound the op's temporary memory and
+    choose its plan (fewer temporaries, more cycles)."""
+    for key in proportions:
+        if not str(key)[3:].isdigit():
+            raise Error(f"Options.setAvailableMemoryProportion: keys are 'IPU' and an IPU "
+                        f"number, e.g. 'IPU0'; got {key!r}.")
+    for node in proto.graph.node:
+        if node.op_type not in _MATRIX_OPS or _attr(node, AVAILABLE_MEMORY_ATTR) is not None:
+            continue
+        value = proportions.get(f"IPU{_attr(node, IPU_ATTR) or 0}")
+        if value is not None:
+            node.attribute.append(helper.make_attribute(AVAILABLE_MEMORY_ATTR, float(value)))
+
+
 def _attr(node: onnx.NodeProto, name: str):
     for a in node.attribute:
         if a.name == name:

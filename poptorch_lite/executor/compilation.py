@@ -253,6 +253,8 @@ class CompileMixin:
         n = self._options.device_iterations
         art = _anchor_art(mode, period, n, f"outputMode(EveryN, {period})")
         session_options = self._options.to_backend(self._training)
+        blocks.apply_memory_proportions(traced.proto,
+                                        self._options.available_memory_proportion)
         # set_overlap_for_input/output: IO-tile streams (inputs in the model's metadata).
         overlapped, overlap = apply_io_overlap(traced.proto, session_options.numIOTiles)
         if overlap:  # overlapped IO runs in explicit loops with host-copy ops (PopART's rule)

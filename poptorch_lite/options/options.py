@@ -365,6 +365,11 @@ class Options(OptionsDictMixin):
         """The strategy ``setExecutionStrategy`` set; None: derived from the blocks."""
         return self._values["executionStrategy"]
 
+    @property
+    def available_memory_proportion(self) -> dict:
+        """``setAvailableMemoryProportion``'s {"IPUk": proportion}; empty: the default."""
+        return dict(self._values["availableMemoryProportion"])
+
     # --- misc ----------------------------------------------------------------------------------
 
     def setAvailableMemoryProportion(self, available_memory_proportion: dict):  # noqa: N802

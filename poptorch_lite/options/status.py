@@ -89,9 +89,9 @@ SETTER_STATUS: dict[str, SetterStatus] = {
     "autoRoundNumIPUs": built("compilation.py: IPU count rounding"),
     "setExecutionStrategy": built("blocks.place_model"),
     # misc
-    "setAvailableMemoryProportion": no_effect(
-        "the memory model does not plan matmul or convolution temporaries by an available-memory "
-        "proportion", availableMemoryProportion={}),
+    "setAvailableMemoryProportion": built(
+        "blocks.apply_memory_proportions: each MatMul/Gemm/Conv of IPU k gets the proportion the "
+        "backend's planner bounds its temporaries by"),
     "broadcastBuffers": built("compilation.py: buffer broadcast of replicas"),
     "logDir": built("to_backend logDir (DOT files) and enableProfiling()'s default directory"),
     "maxRepeatLogs": built("logs.py: repeated-message suppression of the frontend logger"),

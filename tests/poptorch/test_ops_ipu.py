@@ -491,3 +491,28 @@ def test_ipu_print_tensor_prints_value_and_gradient(capsys):
     assert "Gradient___wx tensor([[1., 1.]])" in eager
     with pytest.raises(ValueError, match="float_format"):
         poptorch.ipu_print_tensor(torch.ones(1), float_format="hex")
+
+
+def test_set_available_memory_proportion_bounds_the_planner_temporaries():
+    """Options.setAvailableMemoryProportion({"IPU0": p}) reaches each matmul of IPU 0: a lower
+    proportion plans it with fewer temporary bytes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 512))
+    x = torch.randn(64, 512)
+
+    def figures(proportion):
+        opts = poptorch.Options()
+        if proportion is not None:
+            opts.setAvailableMemoryProportion({"IPU0": proportion})
+        wrapper = poptorch.inferenceModel(model, opts)
+        torch.testing.assert_close(wrapper(x), model(x), rtol=1e-5, atol=1e-5)
+        session = wrapper._active.session
+        temporaries = session._device_model.memory.ipu(0).categories.get(
+            "planner temporaries", 0)
+        wrapper.destroy()
+        return temporaries
+
+    default_bytes = figures(None)
+    assert figures(0.01) < default_bytes
+    assert figures(0.6) == default_bytes  # Poplar's default proportion
