@@ -82,12 +82,19 @@ def nop(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def set_available_memory(tensor: torch.Tensor, available_memory_proportion: float):
-    """Memory hint for the producing op; numerically an identity."""
+    """Memory hint for the producing op; numerically an identity. Not passed on to the op
+    (logged once): Options.setAvailableMemoryProportion sets the proportion per IPU."""
     if not isinstance(tensor, torch.Tensor):
         raise Error(f"set_available_memory: expected a tensor, got {type(tensor).__name__}.")
     if not 0.0 <= float(available_memory_proportion) <= 1.0:
         raise ValueError(f"set_available_memory: proportion must be in [0, 1], got "
                          f"{available_memory_proportion}.")
+    if "set_available_memory" not in _logged:
+        _logged.add("set_available_memory")
+        logging.getLogger("poptorch_lite").warning(
+            "set_available_memory has no effect here: the hint does not reach the op that "
+            "produced the tensor. Use Options.setAvailableMemoryProportion({'IPU0': p}) (every "
+            "matmul and convolution of that IPU) or MultiConv.availableMemoryProportions.")
     return tensor
 
 

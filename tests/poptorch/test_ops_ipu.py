@@ -516,3 +516,13 @@ def test_set_available_memory_proportion_bounds_the_planner_temporaries():
     default_bytes = figures(None)
     assert figures(0.01) < default_bytes
     assert figures(0.6) == default_bytes  # Poplar's default proportion
+
+
+def test_set_available_memory_says_once_that_it_has_no_effect(caplog, monkeypatch):
+    monkeypatch.setattr(poptorch.ops.core, "_logged", set())
+    x = torch.randn(3)
+    with caplog.at_level("WARNING", logger="poptorch_lite"):
+        assert poptorch.set_available_memory(x, 0.3) is x
+        poptorch.set_available_memory(x, 0.2)
+    notes = [r for r in caplog.records if "set_available_memory has no effect" in r.getMessage()]
+    assert len(notes) == 1
