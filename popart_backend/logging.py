@@ -43,7 +43,7 @@ LEVELS: dict[str, int] = {
     "CRITICAL": CRITICAL,
     "OFF": OFF,
 }
-DEFAULT_LEVEL = "WARN"  # spec App. C 1: the 2.3 code's default, not the guide's OFF
+DEFAULT_LEVEL = "WARN"  # the SDK 2.3 code's default, not the user guide's OFF
 
 _pylogging.addLevelName(TRACE, "TRACE")
 

@@ -1,4 +1,4 @@
-"""PopTorch's API over popart_backend: ``import poptorch_lite as poptorch`` (spec P1-P77).
+"""PopTorch's API over popart_backend: ``import poptorch_lite as poptorch``.
 
 New code wraps a module with ``ipu_model(model, options, optimizer)``; PopTorch code keeps
 calling ``inferenceModel`` / ``trainingModel``. The frontend reaches the backend only through

@@ -13,7 +13,7 @@ Directives:
   printed, and the build fails when the code raises or warns. The blocks of one page share one
   namespace, in page order.
 
-The docstrings autodoc renders lose their developer-only citations (spec sections, feature ids,
+The docstrings autodoc renders lose their developer-only references (section marks, feature ids,
 issue numbers): ``strip_citations``.
 
 tests/docs/ imports ``public_names`` and ``differing_names`` from here, so the tests and the

@@ -1,4 +1,4 @@
-"""Cycle model of the simulated IPU (DESIGN decision 8; spec Appendix A).
+"""Cycle model of the simulated IPU (DESIGN decision 8; published IPU figures).
 
 Each op is one BSP superstep on its IPU (``OpSettings.ipu``; None is IPU 0):
 

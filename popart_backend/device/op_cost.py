@@ -1,4 +1,4 @@
-"""Per-op cost of the simulated IPU (DESIGN decision 8; spec Appendix A, F56): one op is one
+"""Per-op cost of the simulated IPU (DESIGN decision 8; published IPU figures): one op is one
 BSP superstep on its IPU (``OpSettings.ipu``; None is IPU 0):
 
     compute  = max(FLOPs / rate, bytes moved / SRAM bandwidth) · clock

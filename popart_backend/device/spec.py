@@ -1,4 +1,4 @@
-"""Hardware facts of each simulated IPU version (spec Appendix A, F113).
+"""Hardware facts of each simulated IPU version (published figures of each IPU generation).
 
 ``IpuSpec`` is the only place these numbers live; the memory and cost models read them from the
 ``DeviceInfo.spec`` of the session's device. Values marked "unsure" are the spec's best public

@@ -1,4 +1,4 @@
-"""Subgraph ops (spec F23): If, Loop (ai.onnx) and Call (ai.graphcore), and the ``Body`` /
+"""Subgraph ops: If, Loop (ai.onnx) and Call (ai.graphcore), and the ``Body`` /
 ``SubgraphOp`` machinery they share with Scan (``scan.py``).
 
 A subgraph is an IR Graph of the op's own Ir (``Ir.create_graph``), held in a ``Body``: the

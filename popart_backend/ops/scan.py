@@ -1,4 +1,4 @@
-"""Scan (spec F23, ai.onnx versions 8 to 21): iterate a body over the sequence axis of its scan
+"""Scan (ai.onnx versions 8 to 21): iterate a body over the sequence axis of its scan
 inputs, carrying states from one step to the next and stacking the per-step scan outputs.
 
 Version 8 has a leading batch axis on every operand and an optional sequence_lens first

@@ -152,7 +152,7 @@ class CommGroupType(enum.Enum):
     All = 0
     Consecutive = 1
     Orthogonal = 2
-    Ungrouped = 3  # C++ None; SDK 3 Python name (spec App. C 7)
+    Ungrouped = 3  # C++ None; the SDK 3 Python name
 
 
 class GradientTensorTrackingMethod(enum.Enum):

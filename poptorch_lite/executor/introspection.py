@@ -1,4 +1,4 @@
-"""``PoplarExecutor``'s introspection of the compiled model and its last run (spec P18, P19):
+"""``PoplarExecutor``'s introspection of the compiled model and its last run:
 ``getTensorNames``, ``getAnchoredTensor``, ``cycleCount``, the perf counters and latencies, and
 ``copyNamedBuffersToDevice``.
 

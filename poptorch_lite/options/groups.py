@@ -185,7 +185,7 @@ class _Precision(_DictGroup):
 
 
 class TensorLocationSettings:
-    """Where a class of tensors lives (memory model only; spec P33)."""
+    """Where a class of tensors lives (memory model only)."""
 
     def __init__(self):
         self.values: dict = {}

@@ -1,4 +1,4 @@
-"""The frontend's console log (spec P35): ``poptorch_lite.logger``, ``setLogLevel(level)`` and the
+"""The frontend's console log: ``poptorch_lite.logger``, ``setLogLevel(level)`` and the
 ``POPTORCH_LOG_LEVEL`` environment variable, read once at import.
 
 Every frontend module logs on the stdlib logger ``"poptorch_lite"`` (``logger`` here). Like
