@@ -25,6 +25,7 @@ import popart_backend as popart
 
 from .. import blocks, optimizer_translation, phased, tracing
 from ..errors import Error
+from ..ops.core import apply_available_memory
 from ..ops.ipu import apply_io_overlap
 from ..options.enums import OutputMode
 from . import replica_params
@@ -253,6 +254,7 @@ class CompileMixin:
         n = self._options.device_iterations
         art = _anchor_art(mode, period, n, f"outputMode(EveryN, {period})")
         session_options = self._options.to_backend(self._training)
+        apply_available_memory(traced.proto)  # set_available_memory: its op's own proportion
         blocks.apply_memory_proportions(traced.proto,
                                         self._options.available_memory_proportion)
         # set_overlap_for_input/output: IO-tile streams (inputs in the model's metadata).

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnx.defs
 import torch
+from onnxscript import ir
 from onnxscript import values as onnxscript_values
 
 import popart_backend as popart
@@ -81,21 +82,32 @@ def nop(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+@torch.library.custom_op("poptorch_lite::available_memory", mutates_args=())
+def _available_memory(x: torch.Tensor, proportion: float) -> torch.Tensor:
+    return x.clone()
+
+
+@_available_memory.register_fake
+def _(x, proportion):
+    return torch.empty_like(x)
+
+
+_available_memory.register_autograd(lambda ctx, grad: (grad, None),
+                                    setup_context=lambda ctx, inputs, output: None)
+
+
 def set_available_memory(tensor: torch.Tensor, available_memory_proportion: float):
-    """Memory hint for the producing op; numerically an identity. Not passed on to the op
-    (logged once): Options.setAvailableMemoryProportion sets the proportion per IPU."""
+    """Memory hint for the op that produced ``tensor``; numerically an identity. The matmul or
+    convolution producing it (a Linear's bias add is looked through) gets the proportion,
+    which bounds its planner temporaries on the simulated IPU (lower: less memory, more
+    cycles). On another producer the backend logs once that it has no effect."""
     if not isinstance(tensor, torch.Tensor):
         raise Error(f"set_available_memory: expected a tensor, got {type(tensor).__name__}.")
-    if not 0.0 <= float(available_memory_proportion) <= 1.0:
+    proportion = float(available_memory_proportion)
+    if not 0.0 <= proportion <= 1.0:
         raise ValueError(f"set_available_memory: proportion must be in [0, 1], got "
                          f"{available_memory_proportion}.")
-    if "set_available_memory" not in _logged:
-        _logged.add("set_available_memory")
-        logging.getLogger("poptorch_lite").warning(
-            "set_available_memory has no effect here: the hint does not reach the op that "
-            "produced the tensor. Use Options.setAvailableMemoryProportion({'IPU0': p}) (every "
-            "matmul and convolution of that IPU) or MultiConv.availableMemoryProportions.")
-    return tensor
+    return _available_memory(tensor, proportion)
 
 
 @torch.library.custom_op("poptorch_lite::print_tensor", mutates_args=())
@@ -190,6 +202,52 @@ def _translate_print_tensor(x, title: str, print_gradient: bool):
 
 def _translate_identity_loss(x, reduction: int):
     return _GC.IdentityLoss(x, reduction=reduction)
+
+
+def _translate_available_memory(x, proportion: float):
+    value = _GC.Nop(x)
+    value.producer().attributes[_MEMORY_MARK] = ir.AttrFloat32(_MEMORY_MARK, float(proportion))
+    return value
+
+
+_MEMORY_MARK = "__available_memory_mark"
+_MEMORY_ATTR = "__available_memory"
+_MATRIX_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Gather"})
+
+
+def apply_available_memory(proto: onnx.ModelProto) -> None:
+    """Move each ``set_available_memory`` mark (a Nop carrying the proportion) onto the node
+    producing the marked tensor as its ``__available_memory`` annotation. A Linear exported as
+    MatMul + Add has its bias Add looked through to the MatMul. A mark on a model input (no
+    producer) is logged once. The Nop stays as an identity."""
+    producers = {out: node for node in proto.graph.node for out in node.output}
+    constants = {i.name for i in proto.graph.initializer} | {
+        out for node in proto.graph.node if node.op_type == "Constant" for out in node.output}
+    for node in proto.graph.node:
+        marks = [a for a in node.attribute if a.name == _MEMORY_MARK]
+        if not marks:
+            continue
+        node.attribute.remove(marks[0])
+        target = producers.get(node.input[0])
+        if target is not None and target.op_type == "Add":
+            matrix = [producers[i] for i in target.input if i in producers
+                      and producers[i].op_type in _MATRIX_OPS]
+            if len(matrix) == 1 and any(i in constants for i in target.input):
+                target = matrix[0]
+        if target is None:
+            _log_once("set_available_memory:input", "set_available_memory on the model input "
+                      f"'{node.input[0]}' has no effect: no op produces it on the device.")
+            continue
+        kept = [a for a in target.attribute if a.name != _MEMORY_ATTR]
+        del target.attribute[:]
+        target.attribute.extend(kept)
+        target.attribute.append(onnx.helper.make_attribute(_MEMORY_ATTR, marks[0].f))
+
+
+def _log_once(key: str, message: str) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        logging.getLogger("poptorch_lite").warning(message)
 
 
 
@@ -349,6 +407,7 @@ _register_schemas()
 def translation_table() -> dict:
     """``custom_translation_table`` entries for ``torch.onnx.export``."""
     table = {torch.ops.poptorch_lite.identity_loss.default: _translate_identity_loss,
-             torch.ops.poptorch_lite.print_tensor.default: _translate_print_tensor}
+             torch.ops.poptorch_lite.print_tensor.default: _translate_print_tensor,
+             torch.ops.poptorch_lite.available_memory.default: _translate_available_memory}
     table.update(_CUSTOM_TRANSLATIONS)
     return table

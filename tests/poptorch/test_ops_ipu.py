@@ -518,11 +518,90 @@ def test_set_available_memory_proportion_bounds_the_planner_temporaries():
     assert figures(0.6) == default_bytes  # Poplar's default proportion
 
 
-def test_set_available_memory_says_once_that_it_has_no_effect(caplog, monkeypatch):
-    monkeypatch.setattr(poptorch.ops.core, "_logged", set())
-    x = torch.randn(3)
-    with caplog.at_level("WARNING", logger="poptorch_lite"):
-        assert poptorch.set_available_memory(x, 0.3) is x
-        poptorch.set_available_memory(x, 0.2)
-    notes = [r for r in caplog.records if "set_available_memory has no effect" in r.getMessage()]
-    assert len(notes) == 1
+def _planner_temporaries(wrapper) -> int:
+    return wrapper._active.session._device_model.memory.ipu(0).categories.get(
+        "planner temporaries", 0)
+
+
+class _MarkedLinear(torch.nn.Module):
+    """One Linear whose output is marked with set_available_memory (P60)."""
+
+    def __init__(self, proportion):
+        super().__init__()
+        torch.manual_seed(1)
+        self.linear = torch.nn.Linear(512, 1024)
+        self.proportion = proportion
+
+    def forward(self, x):
+        y = self.linear(x)
+        if self.proportion is not None:
+            y = poptorch.set_available_memory(y, self.proportion)
+        return torch.relu(y)
+
+
+class _WithLoss(torch.nn.Module):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return poptorch.identity_loss(self.net(x), reduction="sum")
+
+
+def test_set_available_memory_reaches_the_producing_matmul():
+    """set_available_memory(t, p) gives the matmul producing t (through the Linear's bias add)
+    the proportion p: its temporaries equal those of setAvailableMemoryProportion(p) for the
+    IPU, below the default's; numbers equal eager."""
+    x = torch.randn(64, 512)
+    figures = {}
+    for key, proportion, per_ipu in (("default", None, None), ("marked", 0.01, None),
+                                     ("per_ipu", None, 0.01)):
+        model = _MarkedLinear(proportion)
+        opts = poptorch.Options()
+        if per_ipu is not None:
+            opts.setAvailableMemoryProportion({"IPU0": per_ipu})
+        wrapper = poptorch.inferenceModel(model, opts)
+        torch.testing.assert_close(wrapper(x), model(x), rtol=1e-5, atol=1e-5)
+        figures[key] = _planner_temporaries(wrapper)
+        wrapper.destroy()
+    assert figures["marked"] < figures["default"]
+    assert figures["marked"] == figures["per_ipu"]
+
+
+def test_set_available_memory_trains_like_eager():
+    """The mark is an identity for the gradient too: one SGD step equals eager's."""
+    model = _MarkedLinear(0.3)
+    reference = _MarkedLinear(None)
+    x = torch.randn(8, 512)
+    wrapper = poptorch.trainingModel(_WithLoss(model), optimizer=poptorch.optim.SGD(
+        model.parameters(), lr=0.01))
+    wrapper(x)
+    wrapper.copyWeightsToHost()
+    reference(x).sum().backward()
+    torch.optim.SGD(reference.parameters(), lr=0.01).step()
+    torch.testing.assert_close(model.linear.weight, reference.linear.weight, rtol=1e-4,
+                               atol=1e-5)
+    wrapper.destroy()
+
+
+def test_set_available_memory_on_another_op_is_logged_by_the_backend(caplog):
+    """On a producer without planner temporaries (a ReLU) the hint has no effect: said once."""
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            return poptorch.set_available_memory(torch.relu(x), 0.2) * 2
+
+    x = torch.randn(4, 3)
+    with caplog.at_level("WARNING"):
+        wrapper = poptorch.inferenceModel(Net())
+        torch.testing.assert_close(wrapper(x), torch.relu(x) * 2)
+        wrapper.destroy()
+    assert any("__available_memory has no effect" in r.getMessage() for r in caplog.records)
+
+
+def test_set_available_memory_checks_its_arguments():
+    with pytest.raises(poptorch.Error, match="expected a tensor"):
+        poptorch.set_available_memory([1.0], 0.5)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        poptorch.set_available_memory(torch.ones(2), 1.5)
+    torch.testing.assert_close(poptorch.set_available_memory(torch.ones(2), 0.5),
+                               torch.ones(2))
