@@ -20,7 +20,9 @@ host link bandwidth (streaming memory is reached over the host / gateway link; n
 is published) plus an IPU sync, and belongs to the fragment it runs in. Execution phases
 (transforms/execution_phases.py) put explicit RemoteLoad / RemoteStore ops in the IR: then each
 of those ops is one transfer, and a load prefetched on an IPU that computes nothing in its phase
-(the Preload IO schedule) hides behind that phase's compute (``phase_prefetch_cycles``).
+(the Preload IO schedule) hides behind that phase's compute (``phase_prefetch_cycles``), in the
+micro-batch fragment and, with gradient accumulation, in the phased weight update (the accumulate
+outer fragment) alike.
 
 A step (one ``run()``) of an unpipelined program executes the schedule serially:
 ``batchesPerStep × accumulationFactor`` micro-batches of the Normal fragment, ``batchesPerStep``
@@ -86,6 +88,8 @@ class CycleResult:
     # Execution phases: RemoteLoad transfer cycles hidden behind the compute of the phase they
     # are prefetched in (an IPU loading the next phase's tensors while another IPU computes).
     phase_prefetch_cycles: int = 0
+    # The same in the accumulate outer fragment (the phased weight update).
+    outer_phase_prefetch_cycles: int = 0
 
     def fragment_cycles(self, context: ExecutionContext) -> int:
         """Cycles of one execution of a fragment (ops, IPU-Link copies, remote loads/stores),
@@ -107,7 +111,7 @@ class CycleResult:
         schedule the ops of the IPUs in ``outer_overlap_ipus`` run in parallel (the slowest
         IPU counts); the other IPUs' ops, the copies and remote transfers stay serial."""
         outer = ExecutionContext.AccumulateOuterFragment
-        serial = self.fragment_cycles(outer)
+        serial = self.fragment_cycles(outer) - self.outer_phase_prefetch_cycles
         if len(self.outer_overlap_ipus) < 2:
             return serial
         per_ipu: dict[int, int] = {}
@@ -252,6 +256,8 @@ def compute_cycles(graph: Graph, order: Sequence[Op], spec: IpuSpec,
     result.remote = _remote_transfers(graph, order, spec, set(off_chip))
     if pipeline is None:
         result.phase_prefetch_cycles = phase_prefetch_cycles(order, result.ops, spec)
+        result.outer_phase_prefetch_cycles = phase_prefetch_cycles(
+            order, result.ops, spec, ExecutionContext.AccumulateOuterFragment)
     if io is None:
         io = HostIO(streams=(
             HostStream("inputs", True, batch.input_bytes_per_micro_batch,
@@ -355,16 +361,17 @@ def explicit_transfers(graph: Graph, readers: set[int],
     return len((remote & readers) - writers), len(remote & writers)
 
 
-def phase_prefetch_cycles(order: Sequence[Op], ops: Sequence[OpCycles], spec: IpuSpec) -> int:
-    """Cycles of the RemoteLoads that overlap compute: a load scheduled in an execution phase
-    on an IPU that computes nothing in that phase (the Preload IO schedule fetching the next
-    phase's tensors) runs while the phase's IPUs compute. Per phase the hidden part is the
-    smaller of the two; loads on a computing IPU (OnDemand) are not hidden."""
+def phase_prefetch_cycles(order: Sequence[Op], ops: Sequence[OpCycles], spec: IpuSpec,
+                          context: ExecutionContext = ExecutionContext.Normal) -> int:
+    """Cycles of the RemoteLoads of fragment ``context`` that overlap compute: a load scheduled
+    in an execution phase on an IPU that computes nothing in that phase (the Preload IO schedule
+    fetching the next phase's tensors) runs while the phase's IPUs compute. Per phase the hidden
+    part is the smaller of the two; loads on a computing IPU (OnDemand) are not hidden."""
     compute: dict[int, dict[int, int]] = {}  # phase -> ipu -> op cycles
     prefetch: dict[int, list[tuple[int, int]]] = {}  # phase -> [(ipu, transfer cycles)]
     for op, oc in zip(order, ops):
         phase = op.settings.execution_phase
-        if phase is None or op.settings.execution_context is not ExecutionContext.Normal:
+        if phase is None or op.settings.execution_context is not context:
             continue
         if op.remote_transfer and not op.modifies_inputs:  # a load
             prefetch.setdefault(phase, []).append(

@@ -36,7 +36,8 @@ as it can go, just before its first reader. The executed schedule is not changed
 order a memory-aware scheduler would pick, and it never moves a non-clone op.
 
 Planner temporaries (device/planner.py): every matmul or convolution holds its rearranged input
-pieces and partials, bounded by its available memory proportion, at its own position only.
+pieces and partials, bounded by its available memory proportion, at its own position only; the
+other ops hold what they receive over the exchange (device/vector_exchange.py) likewise.
 
 Tile mapping: each tensor is mapped linearly over its tile set in pieces of
 ``ceil(bytes / tiles)`` rounded up to ``tile_grain_bytes`` (the last piece takes the rest),
@@ -64,12 +65,11 @@ from .planner import planner_plan
 from .var_update_merge import group_bytes
 from .spec import IpuSpec
 from .transfers import explicitly_streamed
+from .vector_exchange import EXCHANGE_BUFFERS, exchange_buffer_spans
 
-__all__ = [
-    "CATEGORIES", "IO_BUFFERS", "PLANNER_TEMPORARIES", "REMOTE_BUFFERS", "IoBuffer",
-    "IpuMemory", "MemoryResult", "TensorMemory", "check_fits", "compute_memory", "format_bytes", "memory_summary",
-    "recompute_late_order", "storage_roots",
-]
+__all__ = ["CATEGORIES", "IO_BUFFERS", "PLANNER_TEMPORARIES", "REMOTE_BUFFERS", "IoBuffer",
+           "IpuMemory", "MemoryResult", "TensorMemory", "check_fits", "compute_memory",
+           "format_bytes", "memory_summary", "recompute_late_order", "storage_roots"]
 
 _ROLE_CATEGORY = {
     TensorRole.WEIGHT: "weights",
@@ -86,9 +86,9 @@ PLANNER_TEMPORARIES = "planner temporaries"  # device/planner.py, live at their 
 # Report order. "activations" and "remote buffers" are what is live at the peak over the
 # schedule; the others are always live.
 CATEGORIES = (*_ROLE_CATEGORY.values(), "constants", "streams", IO_BUFFERS, "activations",
-              REMOTE_BUFFERS, PLANNER_TEMPORARIES, "code")
+              REMOTE_BUFFERS, PLANNER_TEMPORARIES, EXCHANGE_BUFFERS, "code")
 _ALWAYS_LIVE = frozenset(CATEGORIES) - {"activations", REMOTE_BUFFERS, PLANNER_TEMPORARIES,
-                                        "code"}
+                                        EXCHANGE_BUFFERS, "code"}
 _COMPUTE, _IO = "compute", "io"
 
 
@@ -340,14 +340,16 @@ def compute_memory(graph: Graph, order: Sequence[Op], spec: IpuSpec,
                            stream.num_bytes * stream.depth,
                            f"{stream.depth} x {stream.info}", _IO))
 
+    tiles = spec.num_tiles - num_io_tiles
     for op in order:  # per-op planning settings (device/planner.py)
-        plan = planner_plan(op, spec, spec.num_tiles - num_io_tiles, effects.serialized_matmuls,
+        plan = planner_plan(op, spec, tiles, effects.serialized_matmuls,
                             effects.matmul_proportion, effects.conv_proportion)
         if plan is not None and plan.temporary_bytes:
-            pos = position[op.id]
+            pos, n = position[op.id], plan.temporary_bytes
             items.append(_Span(f"{op.settings.name or op.id}:planner", _ipu(op), pos, pos,
-                               PLANNER_TEMPORARIES, plan.temporary_bytes,
-                               f"u8[{plan.temporary_bytes}]"))
+                               PLANNER_TEMPORARIES, n, f"u8[{n}]"))
+    for tid, op, pos, n in exchange_buffer_spans(order, position, spec, tiles):
+        items.append(_Span(tid, _ipu(op), pos, pos, EXCHANGE_BUFFERS, n, f"u8[{n}]"))
     for k, group in enumerate(effects.merged_updates):  # mergeVarUpdate's gradient buffer
         spots = [position[i] for i in group if i in position]
         if not spots:

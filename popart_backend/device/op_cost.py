@@ -11,10 +11,13 @@ exchange cycles of the busiest tile of the grid the planner picks for the op's s
 available memory proportion; the ``epilogue_flops()`` of such an op (a fused bias add, residual
 add or activation) run at the vector rate, after the product. Other ops run at the vector
 units' rate. The vector rate and the SRAM bandwidth are scaled by the share of tiles the op has
-work on (the tiles of its largest operand under the linear mapping of device/memory.py).
-Exchanged bytes of a non-AMP op: each computed input whose size differs from the output's
-(elementwise ops read inputs mapped like their output). Variables and constants are laid out
-at compile time for the op that reads them, so they are not exchanged.
+work on (the tiles of its largest operand under the linear mapping of device/memory.py); a tile
+runs its piece as up to ``threads_per_tile`` worker vertices sharing its pipeline, each paying
+``vertex_launch_cycles``, and reaches the vector rate only with a vertex on every worker. What a
+non-AMP op receives over the exchange (broadcast operands, rearranged pieces, a reduction's
+partials, device/vector_exchange.py) is receive-bound at the per-tile exchange rate on the tiles
+receiving it; a reduction sums its partials in a second superstep (its vertices and one more
+sync). Inputs laid out like the output (elementwise) are not exchanged.
 
 A cross-replica collective (``ReplicatedAllReduce`` and the sharding collectives) also crosses
 the IPU-Links as a ring (``collective_cycles``): an all-reduce over a group of k replicas moves
@@ -32,12 +35,10 @@ import math
 from dataclasses import dataclass
 
 from ..ir.op import ExecutionContext, Op
-from ..ir.tensor import TensorKind
 from .planner import PlannerPlan, planner_plan
 from .spec import IpuSpec
+from .vector_exchange import VectorExchange, linear_pieces, vector_exchange, worker_vertices
 
-# Tensors whose tile layout is chosen at compile time for the op reading them.
-_LAID_OUT = (TensorKind.VARIABLE, TensorKind.CONST)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,30 @@ def _tiles_for(num_bytes: int, spec: IpuSpec) -> int:
     return max(1, min(spec.num_tiles, math.ceil(num_bytes / spec.tile_grain_bytes)))
 
 
+def _exchange_per_tile(spec: IpuSpec) -> float:
+    """Bytes one tile receives per second over the exchange."""
+    return spec.exchange_bytes_per_s / spec.num_tiles
+
+
+def _vector_op(op: Op, flops: float, moved: float, largest: int, dtype: str,
+               spec: IpuSpec) -> tuple[float, int, VectorExchange]:
+    """(compute seconds, launch cycles, exchange) of an op on the vector units: its busiest
+    tile's FLOPs at the tile's vector rate, reached only when each of the tile's worker
+    threads has a vertex (fewer leave pipeline slots idle), or its bytes at the tile's SRAM
+    bandwidth; plus ``vertex_launch_cycles`` per vertex on that tile. Ops that only move data
+    (transfers, views) launch nothing."""
+    tiles = _tiles_for(largest, spec)
+    share = tiles / spec.num_tiles
+    piece = linear_pieces(largest, spec.num_tiles, spec.tile_grain_bytes)[1]
+    vertices = worker_vertices(piece, spec)
+    idle = spec.threads_per_tile / vertices  # pipeline slots of the workers without a vertex
+    compute_s = max(flops / (spec.vector_flops(dtype) * share) * idle,
+                    moved / (spec.sram_bytes_per_s * share))
+    works = (flops or moved) and not (op.runs_between_cycles or op.remote_transfer)
+    launch = vertices * spec.vertex_launch_cycles if works else 0
+    return compute_s, launch, vector_exchange(op, spec)
+
+
 def collective_cycles(op: Op, spec: IpuSpec, replicas: int) -> int:
     """IPU-Link cycles of a cross-replica collective over ``replicas`` replicas (0 for other
     ops, or one replica): a ring over each group of k replicas moves 2(k−1)/k of the bytes for
@@ -110,7 +135,7 @@ def op_cycles(op: Op, spec: IpuSpec, position: int = 0, replicas: int = 1,
     info = outs[0] if outs else (ins[0] if ins else None)
     dtype = info.dtype.short if info is not None else "f32"
     vector_rate = spec.vector_flops(dtype) * share
-    out_bytes = outs[0].num_bytes if outs else 0
+    launch, syncs = 0, 1
     if op.uses_amp and plan is None:
         plan = planner_plan(op, spec)
     if op.uses_amp and plan is not None:
@@ -122,11 +147,14 @@ def op_cycles(op: Op, spec: IpuSpec, position: int = 0, replicas: int = 1,
         exchange = plan.exchange_bytes
         tiles = plan.tiles_used
     else:
-        compute_s = max(flops / vector_rate, moved / (spec.sram_bytes_per_s * share))
-        exchange = sum(t.info.num_bytes for t in op.inputs
-                       if t is not None and t.kind not in _LAID_OUT
-                       and t.info.num_bytes != out_bytes)
-        exchange_s = exchange / spec.exchange_bytes_per_s
+        compute_s, launch, received = _vector_op(op, flops, moved, largest, dtype, spec)
+        exchange = received.bytes
+        exchange_s = exchange / received.tiles / _exchange_per_tile(spec)
+        if received.partials:  # a reduction's second superstep sums the partials
+            syncs = 2
+            per_tile = math.ceil(received.partials / received.tiles)
+            compute_s += per_tile / (spec.vector_flops_f32 / spec.num_tiles)
+            launch += worker_vertices(per_tile * 4, spec) * spec.vertex_launch_cycles
     return OpCycles(
         position=position,
         op_id=op.id,
@@ -138,9 +166,9 @@ def op_cycles(op: Op, spec: IpuSpec, position: int = 0, replicas: int = 1,
         bytes_moved=int(moved),
         exchange_bytes=int(exchange),
         tiles_used=tiles,
-        compute_cycles=_seconds_to_cycles(compute_s, spec),
+        compute_cycles=_seconds_to_cycles(compute_s, spec) + launch,
         exchange_cycles=_seconds_to_cycles(exchange_s, spec),
-        sync_cycles=spec.sync_latency_cycles,
+        sync_cycles=spec.sync_latency_cycles * syncs,
         collective_cycles=collective_cycles(op, spec, replicas),
         stage=(op.settings.pipeline_stage
                if op.settings.execution_context is ExecutionContext.Normal else None),

@@ -48,6 +48,8 @@ class IpuSpec:
     # matmul/conv (device/planner.py adds shape, tile-split, exchange and setup losses)
     amp_efficiency: float
     amp_setup_cycles: int  # per AMP vertex pass on a tile: launch and AMP pipeline fill
+    # per worker vertex of a vector-unit op on a tile: launch and loop setup (device/op_cost.py)
+    vertex_launch_cycles: int
     tile_grain_bytes: int  # smallest piece of a tensor the linear tile mapping puts on one tile
     tile_code_base_bytes: int  # per tile: runtime, control program and exchange code
     vertex_bytes_per_op_tile: int  # per tile, per op with work there: vertex state and code
@@ -121,6 +123,12 @@ _IPU_SYNC_CYCLES = 1500
 # - AMP setup: cycles per vertex pass on a tile (launch, worker start, AMP pipeline fill); an
 #   estimate of the order of a vertex launch, held at 100 while the AMP efficiency was
 #   calibrated.
+# - vertex launch: cycles of a tile's shared pipeline one worker vertex of an op on the vector
+#   units takes to start (the supervisor handing it its piece, the worker loading its state and
+#   setting up its loop) and to finish, on top of its arithmetic. A tile runs an op as up to
+#   6 worker vertices (one per worker thread), so an op pays this up to 6 times per superstep
+#   however small its piece. An estimate, of the order of a few tens of cycles per worker
+#   vertex reported for Poplar codelets; not fitted.
 # - tile grain: 64 bytes keeps each tile's piece aligned for the 64-bit loads and exchange.
 # - code: a fixed 8 KiB per tile for the runtime, control program and exchange code, plus 128
 #   bytes per op on each tile where it has work (vertex state, its share of the codelets and the
@@ -129,6 +137,7 @@ _IPU_SYNC_CYCLES = 1500
 _MODEL_FACTS = dict(
     amp_efficiency=0.65,
     amp_setup_cycles=100,
+    vertex_launch_cycles=30,
     tile_grain_bytes=64,
     tile_code_base_bytes=8 * KIB,
     vertex_bytes_per_op_tile=128,

@@ -132,6 +132,15 @@ class Graph:
         op.inputs.append(tensor)
         tensor.consumers.append(op)
 
+    def append_output(self, op: Op, tensor_id: str, info: TensorInfo) -> Tensor:
+        """Give ``op`` a new last output ``tensor_id`` (a subgraph op whose body now returns
+        one more value: autodiff's stitching, transforms/autodiff_stitch.py)."""
+        tensor = self.add_tensor(tensor_id, info, TensorKind.ACT_GRAD)
+        tensor.producer = op
+        op.outputs.append(tensor)
+        op.num_outputs = len(op.outputs)
+        return tensor
+
     def replace_input(self, op: Op, index: int, tensor_id: str) -> None:
         """Make input ``index`` of ``op`` read ``tensor_id`` (one edge; other uses unchanged)."""
         new = self.tensor(tensor_id)

@@ -111,6 +111,11 @@ class Ir:
         # CHECKPOINT_PREFIXES prefix; the passes that create that state take their start
         # values from it (``initial_state``); the session reports what no pass took.
         self.restored_state: dict[str, np.ndarray] = {}
+        # Stored state of a replica-grouped weight, one value per group ([G, *S], as
+        # modelToHost writes it): ``initial_state`` parks it here and the state starts from its
+        # default; GroupOptimizerState, which groups that state, takes it
+        # (``grouped_initial_state``) and refuses what no grouping took.
+        self.restored_grouped_state: dict[str, np.ndarray] = {}
 
     def initial_state(self, tensor_id: str, default: np.ndarray) -> np.ndarray:
         """The start value of the state variable ``tensor_id``: the model's stored value if it
@@ -118,15 +123,34 @@ class Ir:
         stored = self.restored_state.pop(tensor_id, None)
         if stored is None:
             return default
+        if (stored.dtype == default.dtype and stored.ndim == default.ndim + 1
+                and stored.shape[0] > 1 and stored.shape[1:] == default.shape):
+            # One value per replica group: GroupOptimizerState decides whether it fits.
+            self.restored_grouped_state[tensor_id] = stored
+            return default
         if stored.shape != default.shape or stored.dtype != default.dtype:
-            raise popart_exception(
-                f"The model stores '{tensor_id}' as {stored.dtype}{list(stored.shape)}, but this "
-                f"session's training state of that name is {default.dtype}"
-                f"{list(default.shape)}. Build the session with the optimizer (and its "
-                f"accumulator / state types) the model was saved with, or remove the "
-                f"initializer '{tensor_id}' from the model to start that state afresh."
-            )
+            raise _state_mismatch(tensor_id, stored, default.dtype, default.shape)
         return np.array(stored, copy=True)
+
+    def grouped_initial_state(self, tensor_id: str, default: np.ndarray,
+                              groups: int) -> np.ndarray:
+        """The start value ``[groups, *S]`` of a state variable grouped like its replica-grouped
+        weight: the model's stored per-group value if ``initial_state`` parked one (its leading
+        dimension checked against ``groups``), else ``default`` (one group's value ``S``)
+        repeated for every group."""
+        stored = self.restored_grouped_state.pop(tensor_id, None)
+        if stored is None:
+            return np.stack([np.asarray(default)] * groups)
+        if stored.shape[0] != groups:
+            raise _state_mismatch(tensor_id, stored, stored.dtype,
+                                  (groups, *stored.shape[1:]), groups)
+        return np.array(stored, copy=True)
+
+    def refuse_unused_grouped_state(self) -> None:
+        """Raise for a parked per-group value that no grouped state took: this session keeps
+        that state as one value, the model one value per group."""
+        for tensor_id, stored in self.restored_grouped_state.items():
+            raise _state_mismatch(tensor_id, stored, stored.dtype, stored.shape[1:], 1)
 
     def create_graph(self, graph_id: str) -> Graph:
         graph = Graph(graph_id, self)
@@ -135,3 +159,22 @@ class Ir:
 
     def opset(self, domain: str = "ai.onnx") -> int:
         return self.opsets.get(domain, 1)
+
+
+def _state_mismatch(tensor_id: str, stored: np.ndarray, dtype, shape,
+                    groups: int | None = None) -> Exception:
+    """The error for a stored training state whose shape or dtype this session cannot take."""
+    if groups is None:
+        hint = ""
+    elif groups == 1:
+        hint = (" (the model keeps one value per replica group; this session does not group "
+                "that state: its weight has no VariableSettings with several groups)")
+    else:
+        hint = f" (one value per replica group: this session's weight has {groups} groups)"
+    return popart_exception(
+        f"The model stores '{tensor_id}' as {stored.dtype}{list(stored.shape)}, but this "
+        f"session's training state of that name is {np.dtype(dtype)}{list(shape)}{hint}. "
+        f"Build the session with the optimizer (and its accumulator / state types) and the "
+        f"VariableSettings the model was saved with, or remove the initializer '{tensor_id}' "
+        f"from the model to start that state afresh."
+    )

@@ -192,6 +192,9 @@ class Op:
     # True for the convolutions whose kernel can accumulate float16 products in float16
     # (OpSettings.half_partials, set by convolutionOptions or the builder; ops/conv.py).
     supports_conv_half_partials: ClassVar[bool] = False
+    # True for the LSTMs (and their gradients) whose cell matmuls can accumulate float16
+    # products in float16 (OpSettings.half_partials, set by lstmOptions; ops/rnn.py).
+    supports_lstm_half_partials: ClassVar[bool] = False
     # enableStochasticRounding may make its float16 results round stochastically
     # (OpSettings.stochastic_rounding; ops/rounding.py).
     supports_stochastic_rounding: ClassVar[bool] = False

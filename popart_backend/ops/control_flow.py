@@ -25,6 +25,9 @@ Static shapes (the simulated IPU has no dynamic shapes):
 
 Gradients: If and Call differentiate their bodies with a nested autodiff (``GradBuilder.
 differentiate``) into gradient bodies run by an If / Call of the same condition / arguments.
+A gradient body recomputes the forward values it reads, unless the stitch strategy is
+AddFwdOutputs / SafeAddFwdOutputs: then ``GradBuilder.stitch_forward`` makes them extra
+outputs of the forward op that the gradient body reads (transforms/autodiff_stitch.py).
 Loop and Scan (trip count known at compile time) unroll: the forward is recomputed one
 iteration at a time as Calls of the body, which gives every iteration's inputs, and each
 iteration's backward is a Call of the body's gradient graph, last iteration first. Nothing is
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -108,6 +111,15 @@ class SubgraphOp(Op):
 
     # Names of the Attrs fields holding a Body, in the order their captured ids are appended.
     body_attrs: tuple[str, ...] = ()
+    # Can the gradient take forward values as extra outputs of this op (stitch strategies
+    # AddFwdOutputs, transforms/autodiff_stitch.py)? If not, why not.
+    adds_fwd_outputs: ClassVar[bool] = False
+    fwd_outputs_blocker: ClassVar[str] = "its gradient body recomputes its forward body"
+
+    def bodies_changed(self) -> None:
+        """Forget the compiled bodies (their outputs changed: autodiff stitching)."""
+        self.__dict__.pop("_plans", None)
+        self.__dict__.pop("_bindings", None)
 
     def bodies(self) -> list[Body]:
         return [getattr(self.attrs, name) for name in self.body_attrs]
@@ -208,6 +220,7 @@ class If(SubgraphOp):
         else_branch: Body
 
     body_attrs = ("then_branch", "else_branch")
+    adds_fwd_outputs = True
 
     @classmethod
     def expands_at_import(cls, node, values) -> bool:
@@ -255,6 +268,7 @@ class If(SubgraphOp):
             name: grad_body(g, self, getattr(self.attrs, name), seeds, ids, infos, f"{name}_grad")
             for name in self.body_attrs
         }
+        g.stitch_forward([(getattr(self.attrs, name), body) for name, body in bodies.items()])
         captured = _union(b.captured for b in bodies.values())
         outs = g.op("If", g.input(0), *captured, num_outputs=len(ids), version=self.version,
                     **bodies)
@@ -275,6 +289,7 @@ class Call(SubgraphOp):
         callee: Body
 
     body_attrs = ("callee",)
+    adds_fwd_outputs = True
 
     def body_input_infos(self, attr, operands):
         return list(operands)
@@ -307,6 +322,7 @@ class Call(SubgraphOp):
         local = [callee.formal[i] if i < n else self.inputs[i].id for i in wrt]
         body = grad_body(g, self, callee, _output_grads(g, self), local,
                          [self.inputs[i].info for i in wrt], "callee_grad", keep_formal=True)
+        g.stitch_forward([(callee, body)])
         args = [g.input(i) for i in range(n)]
         outs = g.op("Call", *args, *body.captured, domain=AI_GRAPHCORE,
                     num_outputs=len(local), callee=body)
@@ -416,6 +432,8 @@ class Loop(SubgraphOp):
         body: Body
 
     body_attrs = ("body",)
+    fwd_outputs_blocker = ("its gradient unrolls the iterations, and the values an iteration "
+                           "computes are not outputs of the Loop")
 
     @classmethod
     def expands_at_import(cls, node, values) -> bool:

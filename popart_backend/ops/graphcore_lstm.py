@@ -19,7 +19,9 @@ Outputs: output [S, N, H] (every H_t) when ``outputFullSequence`` is 1, else [N,
 valid H_t of each row); cell state [N, H] (the final C_t).
 
 The computation is the ai.onnx LSTM's (``rnn.py``): the operands are re-laid out into ONNX's
-W/R/B (gate order i, o, f, c) and its forward and back-propagation-through-time run unchanged.
+W/R/B (gate order i, o, f, c) and its forward and back-propagation-through-time run unchanged,
+with this op's partials type: lstmOptions["partialsType"] = "half" marks a float16 LSTM (and
+its PopartLSTMGrad) ``half_partials``, and its cell products then sum in float16 (``rnn.py``).
 """
 
 from __future__ import annotations
@@ -120,6 +122,8 @@ class LSTM(_PopartLSTMBase):
     output (sequence or last) and the final cell state. Layout in the module docstring."""
 
     builder_method = BuilderMethod("lstm", (3, 5), 2, (AttrSpec("outputFullSequence", INT, 1),))
+    # lstmOptions["partialsType"] = "half" may make a float16 LSTM accumulate in float16.
+    supports_lstm_half_partials = True
 
     def infer(self, x, w, b, state=None, lens=None):
         self._check(x, w, b, state, lens)
@@ -127,7 +131,8 @@ class LSTM(_PopartLSTMBase):
 
     def kernel(self, x, w, b, state=None, lens=None):
         onnx_w, onnx_r, onnx_b, h0, c0 = self._onnx_operands(w, b, state)
-        y, yh, yc = self._onnx.run_forward(x, onnx_w, onnx_r, onnx_b, lens, h0, c0)
+        y, yh, yc = self._onnx.run_forward(x, onnx_w, onnx_r, onnx_b, lens, h0, c0,
+                                           half=self.settings.half_partials)
         out = y[:, 0] if self.attrs.outputFullSequence else yh[0]
         return out.contiguous(), yc[0].contiguous()
 
@@ -152,6 +157,8 @@ class PopartLSTMGrad(_PopartLSTMBase):
     """d X, d weights, d bias, d initial state of the ai.graphcore LSTM, from its operands and
     the gradients of (output, cell state), by back-propagation through time (``rnn.py``)."""
 
+    supports_lstm_half_partials = True  # inherits its LSTM's mark
+
     def infer(self, x, w, b, state, lens, d_out, d_cell):
         self._check(x, w, b, state, lens)
         expected = self._output_infos(x)
@@ -171,7 +178,8 @@ class PopartLSTMGrad(_PopartLSTMBase):
         else:
             dy, dyh = None, d_out.unsqueeze(0)
         dx, dw, dr, db, dh0, dc0, _ = self._onnx.run_backward(
-            x, onnx_w, onnx_r, onnx_b, lens, h0, c0, None, dy, dyh, d_cell.unsqueeze(0)
+            x, onnx_w, onnx_r, onnx_b, lens, h0, c0, None, dy, dyh, d_cell.unsqueeze(0),
+            half=self.settings.half_partials,
         )
         # Back to PopART's layout: [4 gates (ONNX order), H, I + H] -> [4 (Poplar order), I+H, H].
         onnx_gates = torch.cat([dw[0].reshape(4, hidden, inp), dr[0].reshape(4, hidden, hidden)],

@@ -13,6 +13,15 @@ starts at the last valid step of each row.
 
 Gradients (RNNGrad, GRUGrad, LSTMGrad) re-run the forward keeping each step's values, then
 back-propagate through time by the chain rule written out per cell; no autograd involved.
+
+Half partials (SessionOptions.lstmOptions["partialsType"] = "half", transforms/numerics_options.py
+HalfPartialLstms): a float16 LSTM marked ``half_partials`` (and its LSTMGrad, which inherits the
+mark) computes every product of its cells, X·Wᵀ and H·Rᵀ forward and their transposes backward,
+with a float16 running sum (``half_partials_matmul``, as the float16-partials MatMul does); the
+gradient's re-run of the forward therefore gives the forward's values. Unmarked float16 LSTMs
+accumulate in float32 and round once. RNN and GRU are never marked: lstmOptions is the LSTMs'.
+The cost (``cost``) is the same with either partials type: the recurrent ops have no planner in
+the device model, so there are no planner temporaries whose width the partials would change.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from ..dtypes import DataType
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
+from .matmul import half_partials_matmul
 from .registry import AI_GRAPHCORE, register_op
 
 # --- activations -------------------------------------------------------------------------------
@@ -144,7 +154,8 @@ class _LstmAttrs14(_Attrs14):
 
 # --- cells: one time step forward and backward -------------------------------------------------
 # ``xp`` is the input projection X_t·Wᵀ + Wb of the step, ``acc`` holds the gradient sums of
-# R (dR), R's bias (dRb) and the peepholes (dP) of the direction being differentiated.
+# R (dR), R's bias (dRb) and the peepholes (dP) of the direction being differentiated. ``mm``
+# is the matrix product (torch.matmul, or the float16-partials one of a marked LSTM).
 
 
 def _clip(z, clip):
@@ -166,17 +177,17 @@ class _RnnCell:
         (self.f,) = acts
         self.clip = clip
 
-    def step(self, xp, h, c, r, rb, p):
-        z, mask = _clip(xp + h @ r.T + rb, self.clip)
+    def step(self, xp, h, c, r, rb, p, mm):
+        z, mask = _clip(xp + mm(h, r.T) + rb, self.clip)
         h_new = self.f(z)
         return h_new, None, (h, z, mask)
 
-    def back(self, dh_new, dc_new, cache, r, p, acc):
+    def back(self, dh_new, dc_new, cache, r, p, acc, mm):
         h, z, mask = cache
         dz = _masked(dh_new * self.f.grad(z), mask)
-        acc["dR"] += dz.T @ h
+        acc["dR"] += mm(dz.T, h)
         acc["dRb"] += dz.sum(0)
-        return dz, dz @ r, None
+        return dz, mm(dz, r), None
 
 
 class _GruCell:
@@ -189,7 +200,8 @@ class _GruCell:
         self.clip = clip
         self.linear_before_reset = bool(getattr(attrs, "linear_before_reset", 0))
 
-    def step(self, xp, h, c, r, rb, p):
+    def step(self, xp, h, c, r, rb, p, mm):
+        # GRUs are never marked half_partials (lstmOptions is the LSTMs'): mm is torch.matmul.
         n = h.shape[1]
         xz, xr, xh = xp.split(n, dim=1)
         rz, rr, rh = r.split(n, dim=0)
@@ -207,7 +219,7 @@ class _GruCell:
         h_new = (1 - z) * ht + z * h
         return h_new, None, (h, zz, mz, zr, mr, z, rg, hh, zh, mh, ht)
 
-    def back(self, dh_new, dc_new, cache, r, p, acc):
+    def back(self, dh_new, dc_new, cache, r, p, acc, mm):
         h, zz, mz, zr, mr, z, rg, hh, zh, mh, ht = cache
         n = h.shape[1]
         rz, rr, rh = r.split(n, dim=0)
@@ -242,8 +254,8 @@ class _LstmCell:
         self.clip = clip
         self.input_forget = bool(attrs.input_forget)
 
-    def step(self, xp, h, c, r, rb, p):
-        a = xp + h @ r.T + rb
+    def step(self, xp, h, c, r, rb, p, mm):
+        a = xp + mm(h, r.T) + rb
         ai, ao, af, ac = a.split(h.shape[1], dim=1)
         pi, po, pf = p
         zi, mi = _clip(ai + pi * c, self.clip)
@@ -262,7 +274,7 @@ class _LstmCell:
         hc = self.h(c_new)
         return o * hc, c_new, (h, c, zi, mi, i, zf, mf, fg, zc, mc, cc, c_new, zo, mo, o, hc)
 
-    def back(self, dh_new, dc_new, cache, r, p, acc):
+    def back(self, dh_new, dc_new, cache, r, p, acc, mm):
         h, c, zi, mi, i, zf, mf, fg, zc, mc, cc, c_new, zo, mo, o, hc = cache
         pi, po, pf = p
         dzo = _masked(dh_new * hc * self.f.grad(zo), mo)
@@ -279,10 +291,10 @@ class _LstmCell:
         dzi = _masked(di * self.f.grad(zi), mi)
         dc = dc + dzi * pi + dzf * pf
         da = torch.cat([dzi, dzo, dzf, dzc], dim=1)
-        acc["dR"] += da.T @ h
+        acc["dR"] += mm(da.T, h)
         acc["dRb"] += da.sum(0)
         acc["dP"] += torch.cat([(dzi * c).sum(0), (dzo * c_new).sum(0), (dzf * c).sum(0)])
-        return da, da @ r, dc
+        return da, mm(da, r), dc
 
 
 # --- the shared driver --------------------------------------------------------------------------
@@ -377,7 +389,16 @@ class _Recurrent(Op):
     def _reverse(self, index: int) -> bool:
         return self.attrs.direction == "reverse" or index == 1
 
-    def _forward(self, x, w, r, b, lens, h0, c0, p, keep: bool):
+    def _product(self, half: bool | None, dtype: torch.dtype) -> Callable:
+        """The cells' matrix product: float16 running sums for a float16 LSTM marked
+        ``half_partials`` (``half`` overrides the op's own mark), else torch.matmul."""
+        if half is None:
+            half = self.settings.half_partials
+        if half and self.supports_lstm_half_partials and dtype == torch.float16:
+            return half_partials_matmul
+        return torch.matmul
+
+    def _forward(self, x, w, r, b, lens, h0, c0, p, keep: bool, mm: Callable = torch.matmul):
         """Layout-0 operands in; (Y [S,D,N,H], Y_h [D,N,H], Y_c, per-direction step records)."""
         seq, batch, _, d, hidden = self._sizes
         gh = self.cell_type.gates * hidden
@@ -393,13 +414,13 @@ class _Recurrent(Op):
             wb = b[k, :gh] if b is not None else x.new_zeros(gh)
             rb = b[k, gh:] if b is not None else x.new_zeros(gh)
             pk = p[k].split(hidden) if p is not None else (x.new_zeros(hidden),) * 3
-            xp = x @ w[k].T + wb
+            xp = mm(x, w[k].T) + wb
             h = h0[k] if h0 is not None else x.new_zeros((batch, hidden))
             c = (c0[k] if c0 is not None else x.new_zeros((batch, hidden))) if lstm else None
             order = range(seq - 1, -1, -1) if self._reverse(k) else range(seq)
             steps_kept = []
             for t in order:
-                h_new, c_new, cache = cell.step(xp[t], h, c, r[k], rb, pk)
+                h_new, c_new, cache = cell.step(xp[t], h, c, r[k], rb, pk, mm)
                 if masks is not None:
                     m = masks[t]
                     y[t, k] = torch.where(m, h_new, 0)
@@ -429,14 +450,18 @@ class _Recurrent(Op):
             yc = yc.transpose(0, 1) if yc is not None else None
         return y.contiguous(), yh.contiguous(), yc.contiguous() if yc is not None else None
 
-    def run_forward(self, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
+    def run_forward(self, x, w, r, b=None, lens=None, h0=None, c0=None, p=None, half=None):
+        """``half``: the partials type (True: float16), None for the op's own setting."""
         x0, h00, c00 = self._to_layout0(x, h0, c0)
-        y, yh, yc, _, _ = self._forward(x0, w, r, b, lens, h00, c00, p, keep=False)
+        y, yh, yc, _, _ = self._forward(x0, w, r, b, lens, h00, c00, p, keep=False,
+                                        mm=self._product(half, x.dtype))
         outs = self._from_layout0(y, yh, yc)
         return outs if self.cell_type is _LstmCell else outs[:2]
 
-    def run_backward(self, x, w, r, b, lens, h0, c0, p, dy, dyh, dyc):
-        """Gradients of (X, W, R, B, initial_h, initial_c, P) given those of (Y, Y_h, Y_c)."""
+    def run_backward(self, x, w, r, b, lens, h0, c0, p, dy, dyh, dyc, half=None):
+        """Gradients of (X, W, R, B, initial_h, initial_c, P) given those of (Y, Y_h, Y_c);
+        ``half`` as in ``run_forward``."""
+        mm = self._product(half, x.dtype)
         seq, batch, inp, d, hidden = self._sizes
         gh = self.cell_type.gates * hidden
         lstm = self.cell_type is _LstmCell
@@ -445,7 +470,8 @@ class _Recurrent(Op):
             dy = dy.permute(1, 2, 0, 3) if dy is not None else None
             dyh = dyh.transpose(0, 1) if dyh is not None else None
             dyc = dyc.transpose(0, 1) if dyc is not None else None
-        _, _, _, records, masks = self._forward(x0, w, r, b, lens, h00, c00, p, keep=True)
+        _, _, _, records, masks = self._forward(x0, w, r, b, lens, h00, c00, p, keep=True,
+                                                mm=mm)
         dx = torch.zeros_like(x0)
         dw, dr = torch.zeros_like(w), torch.zeros_like(r)
         db = x.new_zeros((d, 2 * gh))
@@ -471,15 +497,15 @@ class _Recurrent(Op):
                     keep_h, dh_step = (1 - m) * dh, m * dh_step
                     if lstm:
                         keep_c, dc_step = (1 - m) * dc, m * dc
-                dxp[t], dh, dc_prev = cell.back(dh_step, dc_step, cache, r[k], pk, acc)
+                dxp[t], dh, dc_prev = cell.back(dh_step, dc_step, cache, r[k], pk, acc, mm)
                 if keep_h is not None:
                     dh = dh + keep_h
                 if lstm:
                     dc = dc_prev + keep_c if keep_c is not None else dc_prev
             flat = dxp.reshape(-1, gh)
-            dw[k] = flat.T @ x0.reshape(-1, inp)
+            dw[k] = mm(flat.T, x0.reshape(-1, inp))
             db[k, :gh] = flat.sum(0)
-            dx += dxp @ w[k]
+            dx += mm(dxp, w[k])
             dh0[k] = dh
             if lstm:
                 dc0[k] = dc
@@ -597,6 +623,8 @@ class LSTM(_RecurrentForward):
     cell_type = _LstmCell
     grad_attrs = _LstmAttrs14
     num_operands = 8
+    # lstmOptions["partialsType"] = "half" may make a float16 LSTM accumulate in float16.
+    supports_lstm_half_partials = True
 
     @classmethod
     def attrs_type(cls, version):
@@ -607,3 +635,4 @@ class LSTM(_RecurrentForward):
 class LSTMGrad(_RecurrentGrad):
     cell_type = _LstmCell
     Attrs = _LstmAttrs14
+    supports_lstm_half_partials = True  # inherits its LSTM's mark

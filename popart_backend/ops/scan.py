@@ -58,6 +58,8 @@ class Scan(SubgraphOp):
         directions: tuple[int, ...] = ()
 
     body_attrs = ("body",)
+    fwd_outputs_blocker = ("its gradient unrolls the steps, and the values a step computes "
+                           "are not outputs of the Scan")
 
     @classmethod
     def attrs_type(cls, version):

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import NotImplementedOptionError, popart_exception
 from ..tensorinfo import ExchangeStrategy, TileSet
-from .enums import AutodiffStitchStrategy, CommGroupType, VirtualGraphMode
+from .enums import AutodiffStitchStrategy, CommGroupType, TensorStorage, VirtualGraphMode
 from .planning import check_planning_options
 from .session_options import SessionOptions
 from .structs import CommGroup, ExecutionPhaseSettings, TensorLocation
@@ -431,26 +431,41 @@ def check_execution_phases(options: SessionOptions, training: bool) -> None:
             f"executionPhaseSettings.phases >= 1 (got {settings.phases}): set it to the number "
             f"of phases the builder's executionPhase annotations use."
         )
-    if training and options.enableGradientAccumulation:
-        raise NotImplementedOptionError(
-            "virtualGraphMode = VirtualGraphMode.ExecutionPhases with "
-            "enableGradientAccumulation = True is not built yet: the simulated IPU streams "
-            "phases per micro-batch only. Turn gradient accumulation off, or use "
-            "VirtualGraphMode.Manual."
-        )
+    accumulating = training and options.enableGradientAccumulation
     if settings.accumulatorIOSchedule is not _PHASE_DEFAULTS.accumulatorIOSchedule:
-        _warn_once("SessionOptions.executionPhaseSettings.accumulatorIOSchedule = %s has no "
-                     "effect: phased sessions have no gradient accumulators.",
-                     settings.accumulatorIOSchedule)
-    if settings.optimizerStateIOSchedule is not _PHASE_DEFAULTS.optimizerStateIOSchedule:
+        if not accumulating:
+            _warn_once("SessionOptions.executionPhaseSettings.accumulatorIOSchedule = %s has no "
+                       "effect: this session has no gradient accumulators (it is not a training "
+                       "session with enableGradientAccumulation = True).",
+                       settings.accumulatorIOSchedule)
+        elif not _may_be_off_chip(options, options.accumulatorTensorLocationSettings):
+            _warn_once("SessionOptions.executionPhaseSettings.accumulatorIOSchedule = %s has no "
+                       "effect: the gradient accumulators are on chip (accumulatorTensorLocation"
+                       "Settings), where they stay on the IPU of their phase; set their storage "
+                       "to TensorStorage.OffChip to stream them per phase.",
+                       settings.accumulatorIOSchedule)
+    if settings.optimizerStateIOSchedule is not _PHASE_DEFAULTS.optimizerStateIOSchedule and (
+            not training or not _may_be_off_chip(
+                options, options.optimizerStateTensorLocationSettings)):
         _warn_once("SessionOptions.executionPhaseSettings.optimizerStateIOSchedule = %s has "
-                     "no effect: optimizer state follows optimizerStateTensorLocationSettings, "
-                     "and off-chip state is loaded when the update needs it (OnDemand).",
-                     settings.optimizerStateIOSchedule)
+                   "no effect: %s", settings.optimizerStateIOSchedule,
+                   "an inference session has no optimizer state." if not training else
+                   "the optimizer state is on chip (optimizerStateTensorLocationSettings), "
+                   "where it stays on the IPU of its phase; set its storage to "
+                   "TensorStorage.OffChip to stream it per phase.")
     if settings.schedule is not _PHASE_DEFAULTS.schedule:
         _warn_once("SessionOptions.executionPhaseSettings.schedule = %s has no effect: the "
                      "simulated IPU loads a phase's tensors at its start and charges every "
                      "transfer in full whatever the interleaving.", settings.schedule)
+
+
+def _may_be_off_chip(options: SessionOptions, settings) -> bool:
+    """Whether a variable kind of ``settings`` (its TensorLocationSettings) may be OffChip: its
+    storage, or any ``tensorLocationSettingsOverride`` asking for OffChip."""
+    off_chip = TensorStorage.OffChip
+    return settings.location.storage is off_chip or any(
+        location.storage is off_chip
+        for location in options.tensorLocationSettingsOverride.values())
 
 
 _STITCH_LOGGED: set[str] = set()
@@ -458,11 +473,13 @@ _STITCH_LOGGED: set[str] = set()
 
 def check_stitch_strategy(options: SessionOptions, has_subgraphs: bool) -> None:
     """``autodiffSettings.stitchStrategy`` of a training session. It decides how the gradient
-    of a subgraph (If, Loop, Call body) gets the forward values it needs. Our gradient bodies
-    recompute the forward body, which is RecomputeAllNonInputs (the default). RecomputeMinimal
-    is logged as computed that way (same numbers); the AddFwdOutputs strategies raise
-    NotImplementedOptionError when the model has subgraphs, and are logged as having no effect
-    when it has none."""
+    of a subgraph (If, Loop, Scan, Call body) gets the forward values it needs. Our gradient
+    bodies recompute the forward body, which is RecomputeAllNonInputs (the default);
+    RecomputeMinimal is logged as computed that way (same numbers). AddFwdOutputs and
+    SafeAddFwdOutputs make If and Call return those values as extra outputs that their
+    gradient reads (transforms/autodiff_stitch.py, which also refuses or logs the subgraphs
+    where that is not possible). Without subgraphs every strategy is logged as having no
+    effect."""
     strategy = options.autodiffSettings.stitchStrategy
     if strategy is AutodiffStitchStrategy.RecomputeAllNonInputs:
         return
@@ -476,11 +493,7 @@ def check_stitch_strategy(options: SessionOptions, has_subgraphs: bool) -> None:
                    f"(the same numbers; the unused recomputed ops cost cycles PopART's minimal "
                    f"set would not).")
     else:
-        raise NotImplementedOptionError(
-            f"SessionOptions.autodiffSettings.stitchStrategy = {name}: returning the forward "
-            f"values of a subgraph as extra outputs for its gradient is not built yet; the "
-            f"gradient bodies recompute them. Use AutodiffStitchStrategy.RecomputeAllNonInputs "
-            f"(the default).")
+        return  # built: autodiff stitches (transforms/autodiff_stitch.py)
     if name not in _STITCH_LOGGED:
         _STITCH_LOGGED.add(name)
         _log.warning(message)

@@ -6,8 +6,11 @@ no effect in the simulator's model:
 - ``"partialsType"`` ("float" / "half", any case): in ``matmulOptions``, "half" makes the
   float16 matmuls accumulate in float16, exactly as ``partialsTypeMatMuls = "half"`` does
   (transforms/numerics_options.py); in ``convolutionOptions`` it does the same for the float16
-  1-D and 2-D convolutions (their gradients keep float32 partials, logged). The simulated
-  LSTMs have no float16 accumulation, so "half" there is refused as not built yet.
+  1-D and 2-D convolutions (their gradients keep float32 partials, logged); in
+  ``lstmOptions`` it makes the float16 LSTMs (ai.onnx LSTM and ai.graphcore lstm, not GRU or
+  RNN) compute their cell products X·Wᵀ and H·Rᵀ with float16 sums, and their gradients the
+  same (HalfPartialLstms; ops/rnn.py). On a float32 LSTM it is logged once as having no effect.
+  The LSTMs' cycles and memory do not depend on it (they have no planner in the device model).
 - ``"availableMemoryProportion"`` (a number in (0, 1]): the budget of a planner's temporary
   memory for the matmuls (``matmulOptions``) or convolutions (``convolutionOptions``) without
   a per-op setting (device/planner.py: lower means less temporary memory and more cycles); in
@@ -19,9 +22,10 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import NotImplementedOptionError, popart_exception
+from ..errors import popart_exception
 
-__all__ = ["check_planning_options", "conv_half_partials", "matmul_half_partials"]
+__all__ = ["check_planning_options", "conv_half_partials", "lstm_half_partials",
+           "matmul_half_partials"]
 
 _log = logging.getLogger("popart:session")
 _PLANNING_DICTS = ("convolutionOptions", "matmulOptions", "lstmOptions")
@@ -47,18 +51,11 @@ def _partials(where: str, value: str) -> str:
 
 def check_planning_options(options) -> None:
     """Check every key of the three planning dicts of ``options`` (SessionOptions); raise
-    popart_exception for an invalid value, NotImplementedOptionError for a setting not built,
-    and log the keys without effect once."""
+    popart_exception for an invalid value, and log the keys without effect once."""
     for where in _PLANNING_DICTS:
         for key, value in getattr(options, where).items():
             if key == "partialsType":
-                kind = _partials(where, value)
-                if kind == "half" and where == "lstmOptions":
-                    raise NotImplementedOptionError(
-                        f"SessionOptions.{where}['partialsType'] = {value!r}: float16 partials "
-                        f"of LSTMs are not built yet (the simulated LSTMs accumulate in "
-                        f"float32). Use \"float\" or leave the key out."
-                    )
+                _partials(where, value)
             elif key == "availableMemoryProportion":
                 try:
                     proportion = float(value)
@@ -81,6 +78,13 @@ def conv_half_partials(options) -> bool:
     1-D and 2-D) to accumulate in float16."""
     value = options.convolutionOptions.get("partialsType")
     return value is not None and _partials("convolutionOptions", value) == "half"
+
+
+def lstm_half_partials(options) -> bool:
+    """Whether ``lstmOptions["partialsType"]`` asks the float16 LSTMs to accumulate their cell
+    products in float16."""
+    value = options.lstmOptions.get("partialsType")
+    return value is not None and _partials("lstmOptions", value) == "half"
 
 
 def matmul_half_partials(options) -> bool:

@@ -28,8 +28,11 @@ from ..ir.ir import Ir
 from ..ir.op import Op
 from ..ir.tensor import Tensor, TensorKind, TensorRole
 from ..ops.registry import AI_ONNX, make_attrs, registered_versions, normalize_domain, _REGISTRY
+from ..options.enums import AutodiffStitchStrategy
+from .autodiff_stitch import Stitcher, stitch
 
 GRADIENT_PREFIX = "Gradient___"
+_RECOMPUTE = AutodiffStitchStrategy.RecomputeAllNonInputs
 _log = logging.getLogger("popart:transform")
 
 
@@ -40,10 +43,12 @@ def has_grad(op: Op) -> bool:
 class GradBuilder:
     """What an op's ``grad()`` sees: its forward tensors, output gradients, and op creation."""
 
-    def __init__(self, autodiff: "Autodiff", op: Op, output_grads: list[str | None]):
+    def __init__(self, autodiff: "Autodiff", op: Op, output_grads: list[str | None],
+                 adds_fwd_outputs: bool = False):
         self._autodiff = autodiff
         self._op = op
         self._output_grads = output_grads
+        self._adds_fwd_outputs = adds_fwd_outputs
         self.input_grads: dict[int, str] = {}
 
     # forward side
@@ -94,7 +99,15 @@ class GradBuilder:
                       ) -> dict[str, str]:
         """The backward of a subgraph (a body of If/Call), grown into ``graph`` by a nested
         autodiff; see ``Autodiff.differentiate``."""
-        return Autodiff(None).differentiate(graph, seeds, wrt)
+        return Autodiff(None, stitcher=self._autodiff.stitcher.inner()).differentiate(
+            graph, seeds, wrt)
+
+    def stitch_forward(self, pairs: list) -> None:
+        """(forward body, gradient body) pairs of this subgraph op: with the AddFwdOutputs
+        strategies, the gradient bodies read the forward values they need as extra outputs of
+        the op instead of recomputing them (transforms/autodiff_stitch.py); else nothing."""
+        if self._adds_fwd_outputs:
+            stitch(self._op, pairs)
 
     # op creation
     def op(self, op_type: str, *inputs: str | None, domain: str = AI_ONNX, num_outputs: int = 1,
@@ -146,9 +159,13 @@ class Autodiff:
     name = "autodiff"
 
     def __init__(self, loss_id: str | None, loss_scaling: float = 1.0,
-                 output_grads: dict[str, np.ndarray] | None = None):
+                 output_grads: dict[str, np.ndarray] | None = None,
+                 stitch_strategy: AutodiffStitchStrategy = _RECOMPUTE,
+                 stitcher: Stitcher | None = None):
         """Start from ``loss_id`` (a float scalar; its gradient is ``loss_scaling``), or, for
-        op tests, from given gradients of arbitrary tensors (``output_grads``)."""
+        op tests, from given gradients of arbitrary tensors (``output_grads``).
+        ``stitch_strategy``: how subgraph gradients get forward values (autodiff_stitch.py)."""
+        self.stitcher = stitcher or Stitcher(stitch_strategy)
         self.loss_id = loss_id
         self.loss_scaling = loss_scaling
         self.output_grads = dict(output_grads or {})
@@ -241,7 +258,7 @@ class Autodiff:
                     f"{start!r} needs one for its input(s) {wanted}. "
                     f"Detach the path (aiGraphcore.detach) or use an op with a gradient."
                 )
-            builder = GradBuilder(self, op, out_grads)
+            builder = GradBuilder(self, op, out_grads, self.stitcher.adds_outputs(op))
             op.grad(builder)
             for index, grad_id in builder.input_grads.items():
                 grads.setdefault(op.inputs[index].id, []).append(grad_id)

@@ -24,6 +24,12 @@
   sum in float16 (ops/conv_partials.py), and so do the ConvGrad ops that inherit the mark. In
   training it runs again after autodiff to clear the mark of gradient ops that cannot honour it
   (ConvTransposeGrad), logged once: they keep float32 partials.
+- ``lstmOptions["partialsType"] = "half"``: ``HalfPartialLstms`` marks the LSTMs (class
+  ``supports_lstm_half_partials``: ai.onnx LSTM, ai.graphcore lstm) whose X is float16; their
+  kernels then compute the cell products X·Wᵀ and H·Rᵀ with float16 sums (ops/rnn.py), and so
+  do their gradients (LSTMGrad, PopartLSTMGrad), which inherit the mark (in training the pass
+  runs again after autodiff to mark them). A float32 LSTM is logged once: the option has no
+  effect on it. GRU and RNN are not LSTMs and are never marked.
 - ``opxModifyChecking`` / ``opxAliasChecking``: ``KernelChecks`` (last, like the floating-point
   checks) marks every op (``OpSettings.checks``); the execution plan (device/plan.py ``modify_checked``,
   ``alias_checked``) then raises ``popart_internal_exception`` when a kernel changes an input
@@ -34,6 +40,7 @@
 
 Before:  y = Softmax(x)   After: y = Softmax(x)  # settings.non_stable (kernel exp / sum)
 Before:  y = MatMul(a, b)  # f16   After: y = MatMul(a, b)  # settings.half_partials
+Before:  y, h, c = LSTM(x, w, r)  # f16   After: the same  # settings.half_partials
 Before:  y = Relu(x)      After: y = Relu(x)  # settings.checks: floating_point / modify / alias
 Before:  y, m, s = GroupNorm(x, w, b)
 After:   y', m, s = GroupNorm(Gather(x, p, 1), Gather(w, p), Gather(b, p)); y = Gather(y', p⁻¹, 1)
@@ -192,7 +199,8 @@ class HalfPartialConvs:
                     _mark(op, half_partials=True)
                     changed = True
                 elif (self.unmark_unsupported and op.settings.half_partials
-                      and not (op.supports_half_partials or op.supports_conv_half_partials)):
+                      and not (op.supports_half_partials or op.supports_conv_half_partials
+                               or op.supports_lstm_half_partials)):
                     if op.op_type not in _UNMARKED:
                         _UNMARKED.add(op.op_type)
                         _log.warning("%s: float16 partials are not built for %s; it "
@@ -203,6 +211,35 @@ class HalfPartialConvs:
 
 
 _UNMARKED: set[str] = set()
+
+
+class HalfPartialLstms:
+    """Pass: mark the float16 LSTMs (and, run again after autodiff, their gradients) to sum
+    their cell products in float16 (lstmOptions partialsType "half"); a float32 LSTM is logged
+    once as unaffected."""
+
+    name = "half_partial_lstms"
+
+    def run(self, ir: Ir) -> bool:
+        changed = False
+        for graph in ir.graphs.values():
+            for op in graph.ops.values():
+                x = op.inputs[0] if op.supports_lstm_half_partials and op.inputs else None
+                if x is None or op.settings.half_partials:
+                    continue
+                if x.info.dtype is DataType.FLOAT16:
+                    _mark(op, half_partials=True)
+                    changed = True
+                elif not _FLOAT32_LSTM_LOGGED:
+                    _FLOAT32_LSTM_LOGGED.append(op.debug_name)
+                    _log.warning("%s: SessionOptions.lstmOptions['partialsType'] = 'half' has "
+                                 "no effect on an LSTM with %s input: only float16 LSTMs "
+                                 "accumulate in float16; it keeps float32 partials.",
+                                 op.debug_name, x.info.dtype.name)
+        return changed
+
+
+_FLOAT32_LSTM_LOGGED: list[str] = []
 
 
 def _mark(op: Op, **flags) -> None:

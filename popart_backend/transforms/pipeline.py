@@ -19,7 +19,7 @@ from ..errors import popart_exception
 from ..ir.op import ExecutionContext
 from ..ir.verify import verify
 from ..options.enums import GradientTensorTrackingMethod, ReductionType, VirtualGraphMode
-from ..options.planning import conv_half_partials, matmul_half_partials
+from ..options.planning import conv_half_partials, lstm_half_partials, matmul_half_partials
 from .apply_patterns import ApplyPatterns
 from .autodiff import Autodiff
 from .const_fold import FoldConstants
@@ -36,8 +36,9 @@ from .fuse_matmul_add import FuseMatMulAdd
 from .grad_accumulation import OUTER, AccumulateGradients, ResetAccumulators, reduction_factors
 from .inplace import InplaceVariants
 from .loss_scaling import Fp32LossScale, SeedLossScaling
-from .numerics_options import (FloatingPointChecks, HalfPartialConvs, HalfPartialMatMuls,
-                               KernelChecks, NonStableSoftmax, StridedGroupNorm)
+from .numerics_options import (FloatingPointChecks, HalfPartialConvs, HalfPartialLstms,
+                               HalfPartialMatMuls, KernelChecks, NonStableSoftmax,
+                               StridedGroupNorm)
 from .ipu_copy import InsertIpuCopies
 from .pipelining import AssignPipelineStages, InsertPipelineStashes
 from .auto_loss_scaling import AutomaticLossScaling, TrackConvAndMatmulGradients
@@ -106,6 +107,8 @@ def numerics_passes(options) -> list:
         passes.append(HalfPartialMatMuls())
     if conv_half_partials(options):
         passes.append(HalfPartialConvs())
+    if lstm_half_partials(options):
+        passes.append(HalfPartialLstms())
     return passes
 
 
@@ -185,9 +188,12 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     if als.enabled and (als.gradientTensorTrackingMethod
                         is GradientTensorTrackingMethod.ConvAndMatmulGradients):
         passes.append(TrackConvAndMatmulGradients())  # the histogram's gradients, named
-    passes.append(Autodiff(loss_id, seed))
+    passes.append(Autodiff(loss_id, seed,
+                           stitch_strategy=options.autodiffSettings.stitchStrategy))
     if half_partials(options):
         passes.append(HalfPartialMatMuls())  # the gradient products autodiff added
+    if lstm_half_partials(options):
+        passes.append(HalfPartialLstms())  # the LSTM gradients autodiff added
     # Gradient ops inherit their forward op's settings: clear half partials they cannot honour.
     passes.append(HalfPartialConvs(unmark_unsupported=True))
     if options.decomposeGradSum:

@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
-
 from ..ir.graph import Graph
 from ..ir.ir import Ir
 from ..ir.op import ExecutionContext, OpSettings
@@ -120,6 +118,11 @@ class GroupOptimizerState:
 
     Before: w grouped in 2 groups, Accl___w f32[3] (data f32[3]).
     After:  Accl___w in ``Ir.grouped_variables`` with w's grouping, data f32[2, 3].
+
+    A model written by modelToHost stores that state per group ([2, 3] above): the optimizer's
+    ``Ir.initial_state`` parks it and this pass takes it as the data (``grouped_initial_state``),
+    so a session built from the model resumes each group's state. A parked value no grouped
+    state takes, or with another number of groups, raises popart_exception.
     """
 
     name = "group_optimizer_state"
@@ -127,6 +130,7 @@ class GroupOptimizerState:
     def run(self, ir: Ir) -> bool:
         grouped = ir.grouped_variables
         if not grouped:
+            ir.refuse_unused_grouped_state()
             return False
         owners: dict[str, set[str]] = {}
         state = ir.optimizer_tensors.state if ir.optimizer_tensors is not None else {}
@@ -143,7 +147,10 @@ class GroupOptimizerState:
             grouping = groupings.pop()
             tensor = ir.main.tensors[tensor_id]
             if grouping.num_groups > 1:
-                tensor.data = np.stack([np.asarray(tensor.data)] * grouping.num_groups)
+                # A checkpoint's per-group value (modelToHost), else the start value per group.
+                tensor.data = ir.grouped_initial_state(tensor_id, tensor.data,
+                                                       grouping.num_groups)
             grouped[tensor_id] = grouping
             changed = True
+        ir.refuse_unused_grouped_state()
         return changed

@@ -455,7 +455,9 @@ def check_buffers(executable: _Executable) -> None:
                 f"call, or wrap the changed model in a new wrapper (destroy() this one first).",
                 type="buffer_changed")
     if executable.buffer_tensors:
-        current = dict(executable.buffer_layout[0][1].named_buffers())
+        # The plain nn.Module method: the weight-sync hook of named_buffers would copy every
+        # device weight to the host on each run, and only tensor identity matters here.
+        current = dict(torch.nn.Module.named_buffers(executable.buffer_layout[0][1]))
         replaced = [name for name, tensor in executable.buffer_tensors.items()
                     if name in current and current[name] is not tensor]
         if replaced:

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import popart_backend as popart
-from popart_backend.errors import NotImplementedOptionError
 from popart_backend.options.checks import OPTION_STATUS, BuildState, check_buildable, option_status
 from popart_backend.transforms.virtual_graphs import ratio_split
 from tests.session.replication_models import options as replication_options
@@ -340,8 +339,10 @@ def test_planning_dict_values_are_checked():
     with pytest.raises(popart.popart_exception, match="in \\(0, 1\\]"):
         check_buildable(opts, training=False)
     opts = popart.SessionOptions()
-    opts.lstmOptions = {"partialsType": "half"}  # convolutions: tests/ops/test_float16.py
-    with pytest.raises(NotImplementedOptionError, match="float16 partials of LSTMs"):
+    opts.lstmOptions = {"partialsType": "HALF"}  # built: tests/ops/test_lstm_half_partials.py
+    check_buildable(opts, training=False)
+    opts.lstmOptions = {"partialsType": "quarter"}
+    with pytest.raises(popart.popart_exception, match="use \"float\" or \"half\""):
         check_buildable(opts, training=False)
     opts = popart.SessionOptions()
     opts.partialsTypeMatMuls = "float"

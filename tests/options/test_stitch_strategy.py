@@ -1,6 +1,7 @@
 """``autodiffSettings.stitchStrategy`` in training: our subgraph gradients recompute the forward
 body (RecomputeAllNonInputs, the default). RecomputeMinimal trains the same (logged); the
-AddFwdOutputs strategies are refused when the model has a subgraph; without a subgraph every
+AddFwdOutputs strategies return the forward values as extra outputs (same numbers, not logged;
+their IR, memory and cycles: tests/transforms/test_autodiff_stitch.py); without a subgraph every
 strategy is logged as having no effect. Weights are checked against numpy."""
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import numpy as np
 import pytest
 
 import popart_backend as popart
-from popart_backend.errors import NotImplementedOptionError
 from popart_backend.options import checks
 
 S = popart.AutodiffStitchStrategy
@@ -75,7 +75,7 @@ def test_recompute_strategies_train_a_called_body(strategy, caplog):
 
 
 @pytest.mark.parametrize("strategy", [S.AddFwdOutputs, S.SafeAddFwdOutputs])
-def test_add_fwd_outputs_is_refused_with_a_subgraph(strategy):
-    with pytest.raises(NotImplementedOptionError, match=f"{strategy.name}: returning the "
-                       "forward values of a subgraph"):
-        _train(strategy, True)
+def test_add_fwd_outputs_strategies_train_a_called_body(strategy, caplog):
+    with caplog.at_level(logging.WARNING):
+        np.testing.assert_allclose(_train(strategy, True), _reference(), rtol=1e-5, atol=1e-6)
+    assert "stitchStrategy" not in caplog.text  # built: nothing to log

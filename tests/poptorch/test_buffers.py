@@ -186,3 +186,20 @@ def test_replicated_training_needs_broadcast_buffers_false():
     assert model.steps.item() == 2
     torch.testing.assert_close(model.seen, 2 * x[:2].sum(0))  # replica 0's rows
     wrapper.destroy()
+
+
+def test_training_runs_leave_the_host_copies_stale_until_read():
+    """P10: the buffer check of each training call must not pull the device weights to the
+    host (a full weight copy per step); the first host read after the runs still does."""
+    model = CountingLoss()
+    wrapper = poptorch.trainingModel(
+        model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    x, target = torch.randn(2, 4), torch.randn(2, 4)
+    pulls = []
+    original = wrapper.copyWeightsToHost
+    wrapper.__dict__["copyWeightsToHost"] = lambda: (pulls.append(1), original())[1]
+    for _ in range(3):
+        wrapper(x, target)
+    assert pulls == []
+    assert model.count.item() == 3.0 and pulls == [1]
+    wrapper.destroy()

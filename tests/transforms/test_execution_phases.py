@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import popart_backend as popart
-from popart_backend.errors import NotImplementedOptionError
 from popart_backend.transforms.execution_phases import backward_phase
 from popart_backend.options import checks as popart_checks
 
@@ -318,14 +317,12 @@ def test_F21_more_stages_than_ipus_is_refused():
         _session(opts)
 
 
-def test_F21_zero_phases_and_accumulation_are_refused():
+def test_F21_zero_phases_are_refused():
+    """(Phased training with gradient accumulation is built: tests/session/
+    test_phased_accumulation.py.)"""
     opts = _phased_options()
     opts.executionPhaseSettings.phases = 0
     with pytest.raises(popart.popart_exception, match="phases >= 1"):
-        _session(opts)
-    opts = _phased_options()
-    opts.enableGradientAccumulation, opts.accumulationFactor = True, 2
-    with pytest.raises(NotImplementedOptionError, match="enableGradientAccumulation"):
         _session(opts)
 
 
