@@ -153,6 +153,9 @@ class Op:
     # True for ops whose kernel may return an input itself or a view of its storage
     # (Identity, Reshape ...): SessionOptions.opxAliasChecking allows their aliasing outputs.
     aliases_inputs: ClassVar[bool] = False
+    # True for ops whose outputs are elements of their inputs, moved but not computed (Gather,
+    # Concat, Slice, Tile ...): enableStochasticRounding leaves them alone (nothing to round).
+    moves_elements: ClassVar[bool] = False
     # Listed by getSupportedOperations(False)? None: decided by supported_ops.is_public's rules.
     public: ClassVar[bool | None] = None
     # True for ops whose FLOPs run on the AMP (matrix) units: the cost model rates them at the

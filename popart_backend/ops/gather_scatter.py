@@ -122,6 +122,7 @@ def _scatter_grad(op: Op, g, scatter_type: str, gather_type: str, **attrs) -> No
 class Gather(Op):
     """out = data.take(indices, axis): indices of any rank replace the axis."""
 
+    moves_elements = True
     strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
 
     @dataclass(frozen=True)

@@ -57,6 +57,7 @@ class Reverse(Op):
     """Reverse the order of elements along each of ``dimensions``."""
 
     builder_method = BuilderMethod("reverse", 1, 1, (AttrSpec("dimensions", INTS, REQUIRED),))
+    moves_elements = True
 
     @dataclass(frozen=True)
     class Attrs:

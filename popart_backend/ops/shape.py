@@ -339,6 +339,7 @@ class Identity(ViewOp):
 class Tile(Op):
     """Tile-1 repeats one axis (``tiles`` and ``axis`` inputs); 6+ takes ``repeats`` per axis."""
 
+    moves_elements = True
     strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
     const_inputs = (1, 2)
 

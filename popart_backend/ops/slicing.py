@@ -257,6 +257,7 @@ class Split(ViewOp):
 class Concat(Op):
     """Concat-1's axis defaults to 1; 4+ requires it; 11+ accepts negative axes."""
 
+    moves_elements = True
     strings_as_codes = True  # STRING inputs run as codes (ops/string_tensors.py)
 
     @dataclass(frozen=True)

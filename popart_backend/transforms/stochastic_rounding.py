@@ -63,6 +63,7 @@ def _computes_values(op: Op) -> bool:
         source = op.inputs[0] if op.inputs else None
         return source is not None and source.info.dtype.is_float \
             and source.info.dtype is not DataType.FLOAT16
-    return not (op.modifies_inputs or op.aliases_inputs or op.strings_as_codes
+    return not (op.modifies_inputs or op.aliases_inputs or op.moves_elements
+                or op.strings_as_codes
                 or op.runs_between_cycles or op.collective or op.output_persists
                 or op.requires_random_seed or isinstance(op, SubgraphOp))

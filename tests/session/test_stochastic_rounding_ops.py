@@ -131,3 +131,30 @@ def test_cast_to_float16_rounds_stochastically():
     mean = results[True].astype(np.float64).mean()
     sigma = ULP * np.sqrt(0.25 * 0.75 / N)
     assert abs(mean - float(value)) <= 3 * sigma, (mean, float(value), sigma)
+
+
+def test_element_movers_are_not_rounded():
+    """Ops that only move elements (Reverse, Concat, Gather) have nothing to round: they are
+    not marked and their float16 results are the input's elements exactly."""
+    builder = popart.Builder()
+    x = builder.addInputTensor(popart.TensorInfo("FLOAT16", [4, 3]), "x")
+    r = builder.aiGraphcore.reverse([x], dimensions=[0])
+    c = builder.aiOnnx.concat([r, x], axis=0)
+    idx = builder.aiOnnx.constant(np.array([2, 0], np.int32), "idx")
+    g = builder.aiOnnx.gather([c, idx], axis=1)
+    y = builder.aiOnnx.add([g, g])  # computes a value: rounded stochastically
+    builder.addOutputTensor(y)
+    options = popart.SessionOptions()
+    options.enableStochasticRounding = True
+    session = popart.InferenceSession(builder.getModelProto(), popart.DataFlow(1, [g, y]),
+                                      popart.DeviceManager().createIpuModelDevice({}),
+                                      userOptions=options)
+    session.prepareDevice()
+    marked = {op.op_type for op in session._ir.main.topo_order()
+              if op.settings.stochastic_rounding}
+    assert marked == {"Add"}
+    data = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float16)
+    anchors = session.initAnchorArrays()
+    session.run(popart.PyStepIO({x: data}, anchors))
+    expected = np.concatenate([data[::-1], data])[:, [2, 0]]
+    np.testing.assert_array_equal(anchors[g], expected)
