@@ -67,6 +67,7 @@ class Buffer:
     shape: tuple[int, ...]
     start: int  # plan position of the writing op
     end: int  # plan position of the last read of it or of an alias of it
+    channels_last: bool = False  # a 4-D view with channels-last strides (device/layout.py)
 
 
 @dataclass
@@ -85,8 +86,15 @@ class ArenaLayout:
         """Fresh arenas for one replica: output slot -> its view of the arena."""
         with torch.inference_mode(False):  # normal tensors: the run loop writes them
             arenas = {d: torch.empty(n, dtype=d) for d, n in self.sizes.items()}
-            return {s: arenas[b.dtype][b.offset:b.offset + math.prod(b.shape)].view(b.shape)
-                    for s, b in self.buffers.items()}
+            return {s: _view(arenas[b.dtype], b) for s, b in self.buffers.items()}
+
+
+def _view(arena: torch.Tensor, b: Buffer) -> torch.Tensor:
+    flat = arena[b.offset:b.offset + math.prod(b.shape)]
+    if b.channels_last:
+        n, c, h, w = b.shape
+        return flat.view(n, h, w, c).permute(0, 3, 1, 2)
+    return flat.view(b.shape)
 
 
 def _eligible(op: Op, ins: tuple, outs: tuple, keep: set[int]) -> bool:
@@ -120,9 +128,10 @@ def _into_matches_kernel(cls: type) -> bool:
 
 
 def plan_arena(raw_steps: list[tuple[Op, tuple, tuple]], keep: set[int],
-               num_stages: int = 0) -> ArenaLayout:
+               num_stages: int = 0, channels_last: set[int] | None = None) -> ArenaLayout:
     """The arena layout of ``raw_steps`` ((op, input slots, output slots) in plan order);
-    ``keep`` are the slots that must survive the execution (see the module doc)."""
+    ``keep`` are the slots that must survive the execution (see the module doc);
+    ``channels_last`` the 4-D output slots whose views get channels-last strides."""
     if not enabled or num_stages:
         return ArenaLayout({}, {})
     # Candidates: output slot -> (position, dtype, shape, fragment).
@@ -156,10 +165,11 @@ def plan_arena(raw_steps: list[tuple[Op, tuple, tuple]], keep: set[int],
                         dropped |= shared
     for s in dropped:
         del candidates[s]
-    return ArenaLayout(*_place(candidates))
+    return ArenaLayout(*_place(candidates, channels_last or set()))
 
 
-def _place(candidates: dict[int, list]) -> tuple[dict[int, Buffer], dict[torch.dtype, int]]:
+def _place(candidates: dict[int, list],
+           channels_last: set[int]) -> tuple[dict[int, Buffer], dict[torch.dtype, int]]:
     """Greedy by size: the largest buffers first, each at the lowest aligned offset clear of
     the already placed buffers whose lifetimes overlap its own."""
     buffers: dict[int, Buffer] = {}
@@ -183,6 +193,7 @@ def _place(candidates: dict[int, list]) -> tuple[dict[int, Buffer], dict[torch.d
                 offset = max(offset, -(-hi // align) * align)
             placed.append((offset, offset + numel, start, end))
             top = max(top, offset + numel)
-            buffers[s] = Buffer(dtype, offset, shape, start, end)
+            buffers[s] = Buffer(dtype, offset, shape, start, end,
+                                s in channels_last and len(shape) == 4)
         sizes[dtype] = -(-top // align) * align
     return buffers, sizes

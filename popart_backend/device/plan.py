@@ -44,6 +44,7 @@ from ..ops.state_journal import JournaledWrites, StateJournal
 from ..ops.rounding import generic_rounding, stochastically_rounded
 from ..ops.string_tensors import kernel_for
 from .arena import plan_arena
+from .layout import plan_layouts, with_layouts
 from .fp_position import current_position
 
 
@@ -123,7 +124,10 @@ class ExecutionPlan:
 
         # The static memory plan (device/arena.py): outputs written into preallocated arena
         # views, one extra slot per buffer holding each replica's view.
-        self.arena = plan_arena(raw_steps, {self.slot[t] for t in keep}, num_stages)
+        # Memory layouts (device/layout.py): channels-last activations between convolutions.
+        kept_slots = {self.slot[t] for t in keep}
+        layouts = plan_layouts(raw_steps, kept_slots)
+        self.arena = plan_arena(raw_steps, kept_slots, num_stages, layouts.channels_last)
         self.buffer_slots: dict[int, int] = {}
         for s in self.arena.buffers:
             self.buffer_slots[s] = len(values)
@@ -164,6 +168,9 @@ class ExecutionPlan:
                 # Checks, rounding and journaling never apply here (arena._eligible): the
                 # into-kernel takes its output buffer first, then the op's inputs.
                 kernel, ins = op.kernel_into, (self.buffer_slots[outs[0]],) + ins
+            if layouts.steps[position].active:
+                kernel = with_layouts(kernel, layouts.steps[position],
+                                      len(ins) - len(op.inputs), single)
             step = (kernel, ins,
                     outs[0] if single else outs, single,
                     tuple(frees.get(position, ())), op)

@@ -51,6 +51,7 @@ from .stream_io import (
     callback_output,
     zeros_of,
 )
+from .update_tail import UpdateTail
 
 _log = logging.getLogger("popart:devicex")
 
@@ -97,7 +98,7 @@ class SimulatedDevice(GroupedWeights):
     # The attributes that hold (or index) device storage, built by _allocate() when first read.
     _STORAGE = frozenset({"plan", "_input_slots", "_zero_inputs", "_actions", "_accumulators",
                           "_outer_steps", "_window_end", "_seeds", "_state",
-                          "_own_slots"})
+                          "_own_slots", "_tail"})
 
     def __getattr__(self, name: str):
         # Only called for attributes not set yet: the storage ones before _allocate().
@@ -145,11 +146,24 @@ class SimulatedDevice(GroupedWeights):
                  *([program.random_seed_id] if program.random_seed_id else [])])
             self._state = StateSnapshot(self.plan, state)
             self._own_slots = self._result_slots(state)
+            self._tail = self._update_tail()
         except BaseException:
             for name in SimulatedDevice._STORAGE:
                 self.__dict__.pop(name, None)
             self._allocated = False
             raise
+
+    def _update_tail(self) -> UpdateTail | None:
+        """The trailing SGD updates ``_run_one`` runs fused after the anchor writes
+        (device/update_tail.py), for a run of one micro-batch without an outer fragment."""
+        program, plan = self.program, self.plan
+        if (program.micro_batches_per_run != 1 or program.has_outer_fragment
+                or program.num_stages or self.synthetic != "off"):
+            return None
+        held = {action[1] for actions in self._actions for action in actions}
+        held |= {plan.slot[t] for t in program.persistent if t in plan.slot}
+        held |= plan.pinned_slots
+        return UpdateTail.of(plan.normal_steps, held)
 
     def _result_slots(self, state) -> frozenset[int]:
         """Slots whose value a run may hand over to a step IO (``stream_io.HandOver``): outputs
@@ -161,7 +175,9 @@ class SimulatedDevice(GroupedWeights):
         slots = {s for step in plan.normal_steps
                  for s in ((step[2],) if step[3] else step[2]) if s >= 0}
         held = {plan.slot[t] for t in (*plan.stream_ids, *plan.variable_ids)}
-        return frozenset(slots - held - set(state) - plan.pinned_slots)
+        # A pinned slot matters only where a step writes it in place (the journal copies it);
+        # an anchor that a Reshape merely views is still a fresh result of each run.
+        return frozenset(slots - held - set(state) - (plan.pinned_slots & plan.inplace_slots))
 
     # --- weights ------------------------------------------------------------------------------
 
@@ -365,9 +381,18 @@ class SimulatedDevice(GroupedWeights):
             self._seeds[0][1] = self._micro_batch_counter + self._counter_offsets[0]
             self._micro_batch_counter += 1
         with DeviceMode():
-            self._execute_replicas()
+            tail = self._tail
+            if tail is None:
+                self._execute_replicas()
+            else:
+                self._execute_replicas(tail.body)
+                update = tail.bind(values)
+                if update is None:  # the updates differ in hyper-parameters: steps as usual
+                    self._execute_replicas(tail.steps)
             if self._actions[0]:
                 self._emit(self._actions[0], destinations, stepio, values)
+            if tail is not None and update is not None:
+                update()  # in place, last: nothing after it can fail (device/update_tail.py)
             if self._outer_steps is not None and self._window_end[0]:
                 self._execute_replicas(self._outer_steps)
         self._commit_offsets(stepio, (in_offsets, out_offsets))

@@ -119,7 +119,9 @@ _IPU_SYNC_CYCLES = 1500
 #   and setup on top. Calibrated with the setup cycles on the two anchors of
 #   docs/device_model.md (BERT-Large pretraining on a Bow Pod16, ResNet-50 training on a Mk2
 #   IPU-POD16): 0.75 put them at 1.04x / 1.21x of the published throughput, 0.65 at
-#   0.96x / 1.13x. A 2048^3 float16 matmul then runs at about 41 % of the AMP peak.
+#   0.96x / 1.13x. Refitted when the vector ops got their vertex launches and exchange (which
+#   gave 0.95x / 1.12x at 0.65): 0.63 gives 0.94x / 1.10x. A 2048^3 float16 matmul then runs
+#   at about 40 % of the AMP peak.
 # - AMP setup: cycles per vertex pass on a tile (launch, worker start, AMP pipeline fill); an
 #   estimate of the order of a vertex launch, held at 100 while the AMP efficiency was
 #   calibrated.
@@ -135,7 +137,7 @@ _IPU_SYNC_CYCLES = 1500
 #   exchange descriptors). Estimates, checked (not fitted) on the BERT-Large anchor: one IPU
 #   at micro-batch 8 with its optimizer state is refused by a wide margin either way.
 _MODEL_FACTS = dict(
-    amp_efficiency=0.65,
+    amp_efficiency=0.63,
     amp_setup_cycles=100,
     vertex_launch_cycles=30,
     tile_grain_bytes=64,

@@ -9,9 +9,13 @@ its largest output. An input holding the same number of elements as that output 
 like it (elementwise ops read their inputs in place), so it is not exchanged. Otherwise the op
 receives pieces into temporary buffers on its tiles:
 
-- a broadcast operand (fewer elements than the output: a bias, a scale, a scalar) costs each
-  output tile what that tile's output piece needs of it: its whole size, capped at the output
-  piece's element count in the operand's dtype;
+- a broadcast operand (fewer elements than the output, broadcasting to it by the numpy rule:
+  a bias, a per-row statistic, a scalar) costs each output tile the operand's elements its
+  output piece reads: a piece of p elements reads at most p values of a bias along the last
+  axis, and one or two of a per-row value whose row is longer than p;
+- a smaller input that does not broadcast (a scatter's updates, a per-row statistic kept
+  flat) sends each of its elements where the output needs it: its own size, at most the
+  output's;
 - a rearrangement (a Transpose that reorders axes, a Concat, or an input with more elements
   than the output: a gather's table, a slice's source, a loss's scores) costs the output's
   pieces once, whichever input they come from;
@@ -22,7 +26,8 @@ receives pieces into temporary buffers on its tiles:
 Variables and constants read elementwise are laid out for the op, like computed inputs of the
 same size; a variable broadcast (a bias) or gathered from (an embedding table) still moves. Ops
 that are themselves transfers (IPU copies, remote loads and stores, collectives over the
-IPU-Links) and views other than a reordering Transpose receive nothing here.
+IPU-Links), views other than a reordering Transpose, and the pipeline stash and restore (a ring
+buffer laid out slot by slot like the tensor it keeps) receive nothing here.
 
 Worker vertices. A tile runs an op's piece as up to ``threads_per_tile`` worker vertices, one
 per ``tile_grain_bytes`` of the piece of its largest operand. The workers share the tile's
@@ -39,6 +44,7 @@ from typing import Iterator, Sequence
 from ..ir.op import Op
 from ..ops.reduce import Reduce
 from ..ops.shape import Transpose, ViewOp
+from ..ops.stash import Restore, Stash
 from .spec import IpuSpec
 
 __all__ = ["EXCHANGE_BUFFERS", "VectorExchange", "exchange_buffer_spans", "linear_pieces",
@@ -75,6 +81,7 @@ def worker_vertices(piece_bytes: int, spec: IpuSpec) -> int:
 
 def _moves_nothing(op: Op) -> bool:
     return (op.uses_amp or op.runs_between_cycles or op.remote_transfer or op.collective
+            or isinstance(op, (Stash, Restore))
             or (isinstance(op, ViewOp) and not _reorders(op)))
 
 
@@ -100,16 +107,39 @@ def vector_exchange(op: Op, spec: IpuSpec, tiles: int | None = None) -> VectorEx
     if _reorders(op) or op.op_type in _CONCATENATING:
         return VectorExchange(out.num_bytes, out_tiles)
     piece_elems = math.ceil(out_piece / max(1, out.dtype.itemsize))
-    broadcast, rearranged = 0, 0
+    broadcast, scattered, rearranged = 0, 0, 0
     for index, t in enumerate(op.inputs):
         if t is None or index in op.const_inputs or t.info.nelms == out.nelms:
             continue
-        if t.info.nelms < out.nelms:
-            need = min(t.info.num_bytes, piece_elems * t.info.dtype.itemsize)
-            broadcast += out_tiles * need
-        else:
+        if t.info.nelms > out.nelms:
             rearranged = out.num_bytes
-    return VectorExchange(broadcast + rearranged, out_tiles)
+        elif _broadcasts(t.info.shape, out.shape):
+            touched = _touched(t.info.shape, out.shape, piece_elems)
+            broadcast += out_tiles * touched * t.info.dtype.itemsize
+        else:  # its elements go to where the output needs them, each once
+            scattered += t.info.num_bytes
+    return VectorExchange(broadcast + min(scattered, out.num_bytes) + rearranged, out_tiles)
+
+
+def _broadcasts(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts to ``out`` by the numpy rule (trailing axes aligned)."""
+    if len(shape) > len(out):
+        return False
+    return all(n in (1, o) for n, o in zip(reversed(shape), reversed(out)))
+
+
+def _touched(shape: tuple[int, ...], out: tuple[int, ...], run: int) -> int:
+    """Elements of an operand of ``shape`` broadcast to ``out`` that a run of ``run``
+    consecutive output elements reads (at worst, starting anywhere): along each output axis
+    the run spans ``ceil((run - 1) / inner) + 1`` indices (inner: the elements of the axes
+    after it), and the operand has its own elements only along its non-broadcast axes."""
+    aligned = (1,) * (len(out) - len(shape)) + tuple(shape)
+    touched, inner = 1, 1
+    for n, o in zip(reversed(aligned), reversed(out)):
+        if n == o and o > 1:
+            touched *= min(o, math.ceil((run - 1) / inner) + 1)
+        inner *= o
+    return touched
 
 
 def _reduction(op: Reduce, outputs: int, spec: IpuSpec, tiles: int) -> VectorExchange:

@@ -214,6 +214,13 @@ class Op:
     # True for ops with an into-kernel, ``kernel_into(out, *inputs)``, writing their one
     # output into a preallocated buffer (the static memory plan, device/arena.py).
     writes_into: ClassVar[bool] = False
+    # Memory layouts (device/layout.py). True for ops whose kernel computes the same values
+    # from inputs of any strides (a channels-last [N, C, H, W] included), its outputs taking
+    # the layout torch gives them; every other op gets contiguous inputs. ``channels_last_inputs``:
+    # the inputs a float32 2-D convolution runs fastest on in channels-last layout (no reorder
+    # in oneDNN), which the plan hands over in that layout.
+    strided_inputs: ClassVar[bool] = False
+    channels_last_inputs: ClassVar[tuple[int, ...]] = ()
     # The ``builder.aiGraphcore`` method of an op without an ONNX schema (ir/signature.py); read
     # from the class that declares it, so a subclass does not inherit its base's method.
     builder_method: ClassVar[BuilderMethod | None] = None
@@ -267,8 +274,9 @@ class Op:
         raise NotImplementedError(f"{self.op_type} has no kernel()")
 
     def kernel_into(self, out, *xs):
-        """``kernel(*xs)`` written into ``out`` (a contiguous tensor of the output's shape and
-        dtype, not overlapping any input) for ops declaring ``writes_into``; returns ``out``,
+        """``kernel(*xs)`` written into ``out`` (a dense tensor of the output's shape and
+        dtype, not overlapping any input: contiguous, or channels-last for a ``strided_inputs``
+        op fed channels-last inputs) for ops declaring ``writes_into``; returns ``out``,
         or a fresh tensor when this call cannot write into it (the plan binds what it
         returns). The values must be bit-identical to ``kernel``'s."""
         raise NotImplementedError(f"{self.op_type} has no kernel_into()")

@@ -34,6 +34,7 @@ _aten = torch.ops.aten
 @register_op("Relu", versions=(6, 13, 14))
 class Relu(Unary):
     is_nonlinearity = True
+    strided_inputs = True  # any layout in, the same out (device/layout.py)
 
     def kernel(self, x):
         return torch.relu(x)
@@ -49,6 +50,7 @@ class Relu(Unary):
 
 @register_op("ReluGrad", versions=1, domain=AI_GRAPHCORE)
 class ReluGrad(ElementwiseGrad):
+    strided_inputs = True  # any layout in, the same out (device/layout.py)
     # Reading y instead of x lets x die early; y > 0 exactly where x > 0.
     def kernel(self, dy, y):
         # One pass, as torch's own ReLU backward (no boolean mask temporary).

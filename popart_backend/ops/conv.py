@@ -256,6 +256,9 @@ class Conv(_Convolution):
     weight_layout = "[M, C/group, k1..kn]"
     grad_type = "ConvGrad"
     Attrs = ConvAttrs
+    # X channels-last (device/layout.py): oneDNN then convolves without reordering it.
+    strided_inputs = True
+    channels_last_inputs = (0,)
 
     def infer(self, x, w, b=None):
         at = self.attrs
@@ -315,6 +318,9 @@ class ConvGrad(_ConvolutionGrad, Conv):
 
     # With half partials its dX and dW products accumulate in float16 (ops/conv_partials.py).
     supports_conv_half_partials = True
+    # dY and X channels-last (device/layout.py); dW is handed out contiguous, as W.
+    strided_inputs = True
+    channels_last_inputs = (0, 1)
 
     @dataclass(frozen=True)
     class Attrs(Conv.Attrs):
@@ -339,6 +345,9 @@ class ConvGrad(_ConvolutionGrad, Conv):
         if self._pre_pad is not None and grads[0] is not None:
             # The adjoint of padding is cropping the padded border off again.
             grads = (F.pad(grads[0], tuple(-p for p in self._pre_pad)),) + tuple(grads[1:])
+        if grads[1] is not None and not grads[1].is_contiguous():
+            # From channels-last operands oneDNN returns dW channels-last too.
+            grads = (grads[0], grads[1].contiguous(), grads[2])
         return pick_grads(grads, self.attrs.wrt)
 
     def product_rows(self) -> TensorInfo:

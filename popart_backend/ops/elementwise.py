@@ -35,6 +35,7 @@ from .registry import AI_GRAPHCORE, register_op
 @register_op("Add", versions=(6, 7, 13, 14))
 class Add(Binary):
     uint64 = UInt64.BITS
+    strided_inputs = True  # any layout in, torch's propagation out (device/layout.py)
 
     def kernel(self, a, b):
         return torch.add(a, self.legacy_align(a, b))
@@ -253,6 +254,7 @@ class ModArg1Grad(Op):
 @register_op("Sum", versions=(6, 8, 13))
 class Sum(VariadicOp):
     uint64 = UInt64.BITS
+    strided_inputs = True  # any layout in, torch's propagation out (device/layout.py)
 
     def infer(self, *xs):
         info = super().infer(*xs)

@@ -247,6 +247,12 @@ class OnnxLossBase(Op):
     def nll_backward(self, dloss, labels, weights, shape, dtype):
         """d loss / d log-probabilities [N, C, d1..]: -weight[label] at each label (scaled by
         dloss, and for Mean divided by the summed weights of the kept labels), 0 elsewhere."""
+        labels, per = self.label_weights(dloss, labels, weights, dtype)
+        return torch.zeros(shape, dtype=dtype).scatter_(1, labels.unsqueeze(1), per.neg().unsqueeze(1))
+
+    def label_weights(self, dloss, labels, weights, dtype):
+        """(labels with ignored ones set to 0, per-label factor [N, d1..]): minus the NLL
+        gradient at each label (0 for ignored labels)."""
         labels = labels.long()
         keep = None
         if self.attrs.ignore_index is not None:
@@ -259,7 +265,7 @@ class OnnxLossBase(Op):
             per = per * (dloss / per.sum().clamp(min=torch.finfo(dtype).tiny))
         else:
             per = per * dloss
-        return torch.zeros(shape, dtype=dtype).scatter_(1, labels.unsqueeze(1), per.neg().unsqueeze(1))
+        return labels, per
 
     def loss_grad(self, g, grad_type: str, *extra: str) -> None:
         weights = g.input(2) if g.has_input(2) else None
@@ -319,10 +325,16 @@ class SoftmaxCrossEntropyLossGrad(OnnxLossBase):
         return scores
 
     def kernel(self, dloss, scores, labels, weights=None, dlogp=None):
+        if dlogp is None:
+            # The NLL gradient g is -per at the label, 0 elsewhere, so the log-softmax backward
+            # g - softmax * sum(g) is softmax * per minus per at the label: one softmax pass and
+            # one scaling pass, no log-softmax recomputed and no zero-filled gradient.
+            labels, per = self.label_weights(dloss, labels, weights, scores.dtype)
+            per = per.unsqueeze(1)
+            probs = torch.softmax(scores, dim=1)
+            return probs.mul_(per).scatter_add_(1, labels.unsqueeze(1), per.neg())
         logp = torch.log_softmax(scores, dim=1)
         grad = self.nll_backward(dloss, labels, weights, scores.shape, scores.dtype)
-        if dlogp is not None:
-            grad = grad.add_(dlogp)
-        return torch._log_softmax_backward_data(grad, logp, 1, scores.dtype)
+        return torch._log_softmax_backward_data(grad.add_(dlogp), logp, 1, scores.dtype)
 
 

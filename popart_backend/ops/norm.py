@@ -65,6 +65,7 @@ class BatchNormalization(_Normalization):
 
     is_normalization = True
     flops_per_element = 2  # statistics are given: scale and shift only
+    strided_inputs = True  # channels-last X in, Y out in X's layout (device/layout.py)
 
     @dataclass(frozen=True)
     class Attrs:
@@ -211,6 +212,7 @@ class BatchNormalizationTraining(_Normalization):
 
     is_normalization = True
     public = False  # only the TrainingSemantics pass creates it
+    strided_inputs = True  # channels-last X in, Y out in X's layout (device/layout.py)
 
     modifies_inputs = (3, 4)
 
@@ -278,6 +280,7 @@ class BatchNormalizationGrad(_Normalization):
     """
 
     flops_per_element = 8
+    strided_inputs = True  # channels-last dY, X in, dX out in their layout (device/layout.py)
 
     @dataclass(frozen=True)
     class Attrs:

@@ -172,6 +172,7 @@ class ReduceSumGrad(ReduceGrad):
 
 @register_op("ReduceMean", versions=(1, 11, 13, 18))
 class ReduceMean(Reduce):
+    strided_inputs = True  # any layout in (device/layout.py)
     def reduce(self, x):
         if self.is_int:
             total = torch.sum(x, self.dims, keepdim=self.keepdims, dtype=torch.int64)
@@ -191,6 +192,7 @@ class ReduceMean(Reduce):
 
 @register_op("ReduceMeanGrad", versions=1, domain=AI_GRAPHCORE)
 class ReduceMeanGrad(ReduceGrad):
+    strided_inputs = True
     def kernel(self, dy):
         return self.broadcast(dy / self.count)
 

@@ -455,8 +455,9 @@ def check_execution_phases(options: SessionOptions, training: bool) -> None:
                    "TensorStorage.OffChip to stream it per phase.")
     if settings.schedule is not _PHASE_DEFAULTS.schedule:
         _warn_once("SessionOptions.executionPhaseSettings.schedule = %s has no effect: the "
-                     "simulated IPU loads a phase's tensors at its start and charges every "
-                     "transfer in full whatever the interleaving.", settings.schedule)
+                   "simulated IPU places each phase's loads by the IO schedules (Preload or "
+                   "OnDemand) alone, whatever the interleaving of IO and compute.",
+                   settings.schedule)
 
 
 def _may_be_off_chip(options: SessionOptions, settings) -> bool:

@@ -104,9 +104,11 @@ def set_available_memory(tensor: torch.Tensor, available_memory_proportion: floa
     if not isinstance(tensor, torch.Tensor):
         raise Error(f"set_available_memory: expected a tensor, got {type(tensor).__name__}.")
     proportion = float(available_memory_proportion)
-    if not 0.0 <= proportion <= 1.0:
-        raise ValueError(f"set_available_memory: proportion must be in [0, 1], got "
-                         f"{available_memory_proportion}.")
+    if not 0.0 < proportion <= 1.0:
+        raise ValueError(f"set_available_memory: the proportion must be in (0, 1], got "
+                         f"{available_memory_proportion} (0 would leave the op no temporary "
+                         f"memory, which PopART's setAvailableMemoryProportion refuses). Pass a "
+                         f"small positive value such as 0.01 for the least memory.")
     return _available_memory(tensor, proportion)
 
 
@@ -217,17 +219,28 @@ _MATRIX_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Gather"})
 
 def apply_available_memory(proto: onnx.ModelProto) -> None:
     """Move each ``set_available_memory`` mark (a Nop carrying the proportion) onto the node
-    producing the marked tensor as its ``__available_memory`` annotation. A Linear exported as
-    MatMul + Add has its bias Add looked through to the MatMul. A mark on a model input (no
-    producer) is logged once. The Nop stays as an identity."""
-    producers = {out: node for node in proto.graph.node for out in node.output}
-    constants = {i.name for i in proto.graph.initializer} | {
-        out for node in proto.graph.node if node.op_type == "Constant" for out in node.output}
-    for node in proto.graph.node:
+    producing the marked tensor as its ``__available_memory`` annotation, in the main graph
+    and in the bodies of ``for_loop`` / ``cond``. A Linear exported as MatMul + Add has its
+    bias Add looked through to the MatMul. The Nop is then bypassed (its readers read the
+    marked tensor), so the hint adds no op and blocks no fusion; it stays only where it names
+    a graph output. A mark on a tensor no op of its graph produces (a model input, a value
+    from outside a body) is logged once."""
+    _apply_marks(proto.graph, {i.name for i in proto.graph.initializer})
+
+
+def _apply_marks(graph: onnx.GraphProto, outer_constants: set[str]) -> None:
+    producers = {out: node for node in graph.node for out in node.output}
+    constants = outer_constants | {i.name for i in graph.initializer} | {
+        out for node in graph.node if node.op_type == "Constant" for out in node.output}
+    bypassed: dict[str, str] = {}
+    for node in graph.node:
+        for body in _bodies(node):
+            _apply_marks(body, constants)
         marks = [a for a in node.attribute if a.name == _MEMORY_MARK]
         if not marks:
             continue
         node.attribute.remove(marks[0])
+        bypassed[node.output[0]] = node.input[0]
         target = producers.get(node.input[0])
         if target is not None and target.op_type == "Add":
             matrix = [producers[i] for i in target.input if i in producers
@@ -235,13 +248,54 @@ def apply_available_memory(proto: onnx.ModelProto) -> None:
             if len(matrix) == 1 and any(i in constants for i in target.input):
                 target = matrix[0]
         if target is None:
-            _log_once("set_available_memory:input", "set_available_memory on the model input "
-                      f"'{node.input[0]}' has no effect: no op produces it on the device.")
+            _log_once("set_available_memory:input", (
+                f"set_available_memory on '{node.input[0]}' has no effect: no op of its graph "
+                f"produces it (a model input, or a value from outside a for_loop / cond body). "
+                f"Mark the output of the matmul or convolution itself."))
             continue
         kept = [a for a in target.attribute if a.name != _MEMORY_ATTR]
         del target.attribute[:]
         target.attribute.extend(kept)
         target.attribute.append(onnx.helper.make_attribute(_MEMORY_ATTR, marks[0].f))
+    _bypass(graph, bypassed)
+
+
+def _bodies(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The subgraphs of ``node`` (the bodies of a Loop, the branches of an If)."""
+    bodies: list[onnx.GraphProto] = []
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            bodies.append(attribute.g)
+        bodies.extend(attribute.graphs)
+    return bodies
+
+
+def _bypass(graph: onnx.GraphProto, bypassed: dict[str, str]) -> None:
+    """Make the readers of each marked Nop output ``out`` read ``bypassed[out]`` (through
+    chains of marks), and drop the Nops whose output is not a graph output."""
+    def source(name: str) -> str:
+        while name in bypassed:
+            name = bypassed[name]
+        return name
+
+    def reroute(nodes) -> None:  # a body reads outer values by name: reroute it too
+        for node in nodes:
+            for k, name in enumerate(node.input):
+                if name in bypassed:
+                    node.input[k] = source(name)
+            for body in _bodies(node):
+                reroute(body.node)
+
+    if not bypassed:
+        return
+    reroute(graph.node)
+    outputs = {o.name for o in graph.output}
+    keep = [n for n in graph.node
+            if not (n.op_type == "Nop" and n.output and n.output[0] in bypassed
+                    and n.output[0] not in outputs)]
+    if len(keep) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(keep)
 
 
 def _log_once(key: str, message: str) -> None:

@@ -378,9 +378,11 @@ class Options(OptionsDictMixin):
             if not str(key).startswith("IPU"):
                 raise ValueError(f"Options.setAvailableMemoryProportion: keys look like 'IPU0', "
                                  f"got {key!r}.")
-            if not 0.0 <= float(value) <= 1.0:
+            if not 0.0 < float(value) <= 1.0:
                 raise ValueError(f"Options.setAvailableMemoryProportion: {key} = {value} is "
-                                 f"outside [0, 1].")
+                                 f"outside (0, 1] (0 would leave the matmuls and convolutions "
+                                 f"no temporary memory, which PopART refuses). Pass a small "
+                                 f"positive value such as 0.01 for the least memory.")
         return self._set("availableMemoryProportion", dict(available_memory_proportion))
 
     def broadcastBuffers(self, broadcast_buffers: bool = True):  # noqa: N802

@@ -236,3 +236,75 @@ def test_gru_is_not_an_lstm():
         session.run(popart.PyStepIO(feeds, anchors))
         results.append(anchors["out0"])
     np.testing.assert_array_equal(results[0], results[1])
+
+
+def _row_reference(x, w, r, b, lens, h0, c0, p, mm):
+    """ONNX LSTM (gates i, o, f, c; peepholes i, o, f), one batch row and direction at a time
+    so sequence lengths are plain loop bounds: the forward direction runs t = 0..len-1, the
+    reverse one t = len-1..0, Y is zero past a row's length and Y_h / Y_c are the last step
+    run. Kernel order of the float16 sums: ((X_t·Wᵀ + Wb) + H·Rᵀ) + Rb, then + P∘C.
+    Returns Y [S, D, N, H], Y_h [D, N, H], Y_c [D, N, H]."""
+    seq, batch = x.shape[:2]
+    dirs, hidden = w.shape[0], r.shape[2]
+    y = np.zeros((seq, dirs, batch, hidden), np.float16)
+    yh = np.zeros((dirs, batch, hidden), np.float16)
+    yc = np.zeros_like(yh)
+    t16 = torch.from_numpy
+    for k in range(dirs):
+        wb, rb = t16(b[k, :4 * hidden]), t16(b[k, 4 * hidden:])
+        pi, po, pf = (t16(p[k, j * hidden:(j + 1) * hidden]) for j in range(3))
+        for n in range(batch):
+            h, c = h0[k, n:n + 1], t16(c0[k, n:n + 1])
+            steps = range(lens[n]) if k == 0 else range(lens[n] - 1, -1, -1)
+            for t in steps:
+                a = (t16(mm(x[t, n:n + 1], w[k].T)) + wb) + t16(mm(h, r[k].T)) + rb
+                ai, ao, af, ac = a.split(hidden, dim=1)
+                i = torch.sigmoid(ai + pi * c)
+                f = torch.sigmoid(af + pf * c)
+                c = f * c + i * torch.tanh(ac)
+                o = torch.sigmoid(ao + po * c)
+                h = (o * torch.tanh(c)).numpy()
+                y[t, k, n] = h[0]
+            yh[k, n], yc[k, n] = h[0], c.numpy()[0]
+    return y, yh, yc
+
+
+def test_half_partials_with_lengths_initial_states_peepholes_both_directions():
+    """Every product of a bidirectional LSTM with sequence lengths, initial H and C and
+    peepholes sums in float16 (both directions, from the given initial state); the float
+    partials run differs."""
+    rng = np.random.default_rng(8)
+    seq, batch = 4, 3
+    x = (rng.standard_normal((seq, batch, I)) * 2).astype(np.float16)
+    w = (rng.standard_normal((2, 4 * H, I)) * 0.5).astype(np.float16)
+    r = (rng.standard_normal((2, 4 * H, H)) * 0.5).astype(np.float16)
+    b = (rng.standard_normal((2, 8 * H)) * 0.1).astype(np.float16)
+    lens = np.array([4, 2, 3], np.int32)
+    h0 = rng.standard_normal((2, batch, H)).astype(np.float16)
+    c0 = rng.standard_normal((2, batch, H)).astype(np.float16)
+    p = (rng.standard_normal((2, 3 * H)) * 0.5).astype(np.float16)
+
+    def run(options):
+        model, feeds = one_op_model("LSTM", [x, w, r, b, lens, h0, c0, p],
+                                    {"hidden_size": H, "direction": "bidirectional"},
+                                    opset=14, num_outputs=3)
+        session = popart.InferenceSession(model.SerializeToString(),
+                                          popart.DataFlow(1, ["out0", "out1", "out2"]),
+                                          popart.DeviceManager().createCpuDevice(),
+                                          userOptions=options)
+        session.prepareDevice()
+        anchors = session.initAnchorArrays()
+        session.run(popart.PyStepIO(feeds, anchors))
+        return [anchors[f"out{i}"] for i in range(3)]
+
+    half = run(_half_options())
+    want = _row_reference(x, w, r, b, lens, h0, c0, p, _half_sum_matmul)
+    for name, got, expected in zip(("Y", "Y_h", "Y_c"), half, want):
+        np.testing.assert_array_equal(got, expected, err_msg=name)
+    full = run(popart.SessionOptions())
+    want_full = _row_reference(x, w, r, b, lens, h0, c0, p, _float_sum_matmul)
+    for name, got, expected in zip(("Y", "Y_h", "Y_c"), full, want_full):
+        np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32),
+                                   rtol=2e-3, atol=2e-3, err_msg=name)
+    for k in range(2):  # each direction shows the float16 sums
+        assert not np.array_equal(half[0][:, k], full[0][:, k])

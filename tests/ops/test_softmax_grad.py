@@ -81,3 +81,23 @@ def test_onnx_loss_grads(reduction, weighted, ignore):
                const_inputs=[1, 2], ref=ce_both)
     check_grad("NegativeLogLikelihoodLoss", inputs, attrs, opset=13, wrt=[0],
                const_inputs=[1, 2], ref=nll)
+
+
+def test_cross_entropy_gradient_reuses_no_log_softmax():
+    """The one-output SoftmaxCrossEntropyLoss gradient is softmax * weight minus the weight at
+    the label: the log-softmax runs once (the forward), and no zero-filled NLL gradient is
+    built (torch's eager backward materialises it)."""
+    import numpy as np
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    scores = rand(6, 7)
+    labels = np.array([0, 6, 2, 3, 2, 1], dtype=np.int64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        check_grad("SoftmaxCrossEntropyLoss", [scores, labels], {"reduction": "mean"},
+                   opset=13, wrt=[0], const_inputs=[1],
+                   ref=lambda s, lab: F.cross_entropy(s, lab))
+    counts = {e.key: e.count for e in prof.key_averages()}
+    # One in our forward; the float64 reference's autograd adds one more.
+    assert counts.get("aten::_log_softmax", 0) == 2
+    assert counts.get("aten::_log_softmax_backward_data", 0) == 1  # the reference's

@@ -601,7 +601,60 @@ def test_set_available_memory_on_another_op_is_logged_by_the_backend(caplog):
 def test_set_available_memory_checks_its_arguments():
     with pytest.raises(poptorch.Error, match="expected a tensor"):
         poptorch.set_available_memory([1.0], 0.5)
-    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+    with pytest.raises(ValueError, match=r"\(0, 1\], got 1.5"):
         poptorch.set_available_memory(torch.ones(2), 1.5)
     torch.testing.assert_close(poptorch.set_available_memory(torch.ones(2), 0.5),
                                torch.ones(2))
+
+
+def test_zero_proportion_is_refused_where_it_is_given():
+    """PopART refuses a proportion of 0 (no temporary memory): both hints say so when called,
+    not later as an error about an internal ``__available_memory`` annotation."""
+    with pytest.raises(ValueError, match=r"set_available_memory: .*\(0, 1\], got 0.0.*0.01"):
+        poptorch.set_available_memory(torch.ones(2), 0.0)
+    with pytest.raises(ValueError, match=r"IPU0 = 0 is outside \(0, 1\].*0.01"):
+        poptorch.Options().setAvailableMemoryProportion({"IPU0": 0})
+
+
+def test_set_available_memory_adds_no_op():
+    """The mark's Nop is bypassed once its proportion is on the matmul: the backend IR has the
+    same ops as without the hint (the Nop would cost an op and split fusions)."""
+    x = torch.randn(4, 512)
+    kinds = {}
+    for proportion in (None, 0.3):
+        model = _MarkedLinear(proportion)
+        wrapper = poptorch.inferenceModel(model)
+        torch.testing.assert_close(wrapper(x), model(x), rtol=1e-5, atol=1e-5)
+        ops = wrapper._active.session.getIr().main.ops.values()
+        kinds[proportion] = sorted(op.op_type for op in ops)
+        amp = [op.settings.available_memory_proportion for op in ops if op.uses_amp]
+        assert amp == [pytest.approx(proportion)] if proportion else amp == [None]
+        wrapper.destroy()
+    assert kinds[0.3] == kinds[None]
+    assert "Nop" not in kinds[0.3]
+
+
+def test_set_available_memory_inside_a_for_loop_body():
+    """A mark inside a for_loop body reaches the matmul of that body (not logged as an unknown
+    annotation), and the loop computes as eager."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(2)
+            self.lin = torch.nn.Linear(8, 8, bias=False)
+
+        def forward(self, x):
+            def body(h):
+                return torch.tanh(poptorch.set_available_memory(self.lin(h), 0.2))
+            return poptorch.for_loop(3, body, [x])[0]
+
+    model, x = Net().eval(), torch.randn(2, 8)
+    wrapper = poptorch.inferenceModel(model)
+    torch.testing.assert_close(wrapper(x), model(x), rtol=1e-5, atol=1e-5)
+    (loop,) = [op for op in wrapper._active.session.getIr().main.ops.values()
+               if op.op_type == "Loop"]
+    body = loop.attrs.body.graph.ops.values()
+    assert [op.settings.available_memory_proportion for op in body if op.uses_amp] == [
+        pytest.approx(0.2)]
+    assert not any(op.op_type == "Nop" for op in body)
+    wrapper.destroy()

@@ -131,3 +131,32 @@ def test_torch_int64_inputs_are_range_checked_like_numpy():
     bad = torch.tensor([0, 2 ** 40, 1], dtype=torch.int64)
     with pytest.raises(popart.popart_exception, match=f"holds {2 ** 40}, outside the INT32"):
         session.run(popart.PyStepIO({idx: bad}, {}, allocate_outputs=True))
+
+
+def test_anchor_also_viewed_by_a_reshape_is_handed_over(monkeypatch):
+    """An anchor another op reads through a view (Reshape, as a loss reads the LM logits) is
+    still a fresh result of each run: handed over, not copied, and independent across runs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    shape = list(SAMPLE_SHAPE)
+    nodes = [helper.make_node("Mul", ["x", "w"], ["y"]),
+             helper.make_node("Reshape", ["y", "flat"], ["r"]),
+             helper.make_node("ReduceSum", ["r"], ["s"], keepdims=0)]
+    inits = [numpy_helper.from_array(np.full(shape, 2.0, np.float32), "w"),
+             numpy_helper.from_array(np.array([-1], np.int64), "flat")]
+    graph = helper.make_graph(
+        nodes, "viewed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    copied = _copies(monkeypatch)
+    session = make_session({"y": popart.AnchorReturnType("All"),
+                            "s": popart.AnchorReturnType("All")}, model=model)
+    x1, x2 = step_input(1, seed=7)[0], step_input(1, seed=8)[0]
+    first = _run_allocated(session, x1)
+    second = _run_allocated(session, x2)
+    assert "y" not in copied
+    np.testing.assert_allclose(first["y"].numpy(), x1 * 2.0, rtol=1e-6)
+    np.testing.assert_allclose(second["y"].numpy(), x2 * 2.0, rtol=1e-6)
+    np.testing.assert_allclose(first["s"].numpy(), (x1 * 2.0).sum(), rtol=1e-5)

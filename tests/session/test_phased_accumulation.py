@@ -25,7 +25,8 @@ from poptorch_lite.testing import run_reference
 MB, D = 2, 32
 LR, MOMENTUM, EPS = 0.05, 0.9, 1e-6
 OFF = popart.TensorStorage.OffChip
-PRELOAD, ON_DEMAND = popart.ExecutionPhaseIOSchedule.Preload, popart.ExecutionPhaseIOSchedule.OnDemand
+PRELOAD = popart.ExecutionPhaseIOSchedule.Preload
+ON_DEMAND = popart.ExecutionPhaseIOSchedule.OnDemand
 
 
 def _weights(layers: int, seed: int = 0, d: int = D) -> list[np.ndarray]:
@@ -106,12 +107,9 @@ def _session(weights, opts, optimizer: str, bps: int, phased: bool):
 
 def _train(weights, opts, optimizer: str, bps: int, data: np.ndarray, phased: bool):
     session, x, ids = _session(weights, opts, optimizer, bps, phased)
-    af = data.shape[2]
-    for step in data:
-        feed = step if bps > 1 else step[0]
-        if af == 1:
-            feed = feed[:, 0] if bps > 1 else feed[0]
-        session.run(popart.PyStepIO({x: feed}, session.initAnchorArrays()))
+    for step in data:  # [bps, af, MB, D]; without the bps axis when bps = 1
+        session.run(popart.PyStepIO({x: step if bps > 1 else step[0]},
+                                    session.initAnchorArrays()))
     session.weightsToHost()
     trained = {i: np.zeros((D, D), np.float32) for i in ids}
     session.readWeights(popart.PyWeightsIO(trained))
@@ -145,16 +143,17 @@ SUM, MEAN = popart.ReductionType.Sum, popart.ReductionType.Mean
 CASES = {
     # id: (optimizer, phases, af, bps, reduction, strategy, option storages and schedules)
     "momentum-sum-4phases-bps2-offchip": ("momentum", 4, 2, 2, SUM, None,
-                                          dict(weights=OFF, accumulators=OFF, state=OFF)),
+                                          {"weights": OFF, "accumulators": OFF, "state": OFF}),
     "momentum-mean-running-2phases": ("momentum", 2, 4, 1, MEAN,
                                       popart.MeanReductionStrategy.Running, {}),
     "momentum-mean-post-4phases-ondemand": (
         "momentum", 4, 2, 1, MEAN, popart.MeanReductionStrategy.Post,
-        dict(accumulators=OFF, accumulatorIOSchedule=ON_DEMAND)),
+        {"accumulators": OFF, "accumulatorIOSchedule": ON_DEMAND}),
     "adam-mean-postandloss-4phases-bps2": (
         "adam", 4, 2, 2, MEAN, popart.MeanReductionStrategy.PostAndLoss,
-        dict(weights=OFF, accumulators=OFF, state=OFF, optimizerStateIOSchedule=PRELOAD)),
-    "adam-sum-2phases-af4": ("adam", 2, 4, 1, SUM, None, dict(weights=OFF)),
+        {"weights": OFF, "accumulators": OFF, "state": OFF,
+         "optimizerStateIOSchedule": PRELOAD}),
+    "adam-sum-2phases-af4": ("adam", 2, 4, 1, SUM, None, {"weights": OFF}),
 }
 
 
@@ -351,7 +350,10 @@ def _poptorch_train(phased: bool):
             poptorch.BeginBlock(layer, f"l{k}")
         opts.setExecutionStrategy(poptorch.ParallelPhasedExecution(
             *[[f"l{k}"] for k in range(4)]).sendTensorsOffChipAfterFwd())
-    make = lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9)  # noqa: E731
+
+    def make(params):
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
     wrapper = poptorch.trainingModel(model, opts, make(model.parameters()))
     g = torch.Generator().manual_seed(4)
     batches = [(torch.randn(4 * MB, D, generator=g), torch.randint(0, D, (4 * MB,), generator=g))
@@ -372,3 +374,33 @@ def test_P43_F73_poptorch_phased_training_with_gradient_accumulation():
     ops = wrapper._active.session.getIr().main.ops.values()
     assert {op.settings.ipu for op in ops if op.op_type == "Tanh"} == {0, 1}
     assert any(op.settings.execution_context.name == "AccumulateOuterFragment" for op in ops)
+
+
+def test_F21_F73_replicated_phased_accumulation_equals_the_unphased_run():
+    """Two replicas of 2 phased IPUs: the accumulators are all-reduced in the update's phase."""
+    weights = _weights(2, seed=9)
+    data = np.random.default_rng(6).standard_normal((2, 2, 2, MB, D)).astype(np.float32)
+    results = []
+    for phased in (True, False):
+        opts = (_options(2, 2, MEAN, weights=OFF, accumulators=OFF, state=OFF) if phased
+                else _options(None, 2, MEAN))
+        opts.enableReplicatedGraphs, opts.replicatedGraphCount = True, 2
+        proto, x, loss, ids = _model(weights, phased)
+        session = popart.TrainingSession(
+            proto, popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}), loss,
+            _optimizer("adam"), popart.DeviceManager().createIpuModelDevice(
+                {"numIPUs": 4 if phased else 2, "tilesPerIPU": 4}), userOptions=opts)
+        session.prepareDevice()
+        session.weightsFromHost()
+        for step in data:  # [af, replicas, MB, D]
+            session.run(popart.PyStepIO({x: step}, session.initAnchorArrays()))
+        session.weightsToHost()
+        trained = {i: np.zeros((D, D), np.float32) for i in ids}
+        session.readWeights(popart.PyWeightsIO(trained))
+        results.append([trained[i] for i in ids])
+        if phased:
+            reduce = _ops(session, "ReplicatedAllReduce")
+            assert reduce and all(
+                op.settings.execution_context.name == "AccumulateOuterFragment" for op in reduce)
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
