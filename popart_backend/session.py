@@ -381,9 +381,11 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin, ForwardOnl
             stepio = self._value_io.flatten_step_io(stepio, streams)
         if self._options.enableSupportedDataTypeCasting and isinstance(stepio, PyStepIO):
             check_64bit_ranges(self._program, stepio)
-        checked = self._options.enableFloatingPointChecks  # errors name the call and micro-batch
-        with track_run(RunPosition(self.name, self._runs + 1, self._replication_factor,
-                                   self._accumulation_factor, self._ir.main) if checked else None):
+        if self._options.enableFloatingPointChecks:  # errors name the call and micro-batch
+            with track_run(RunPosition(self.name, self._runs + 1, self._replication_factor,
+                                       self._accumulation_factor, self._ir.main)):
+                device.run(stepio)
+        else:
             device.run(stepio)
         self._fwd_only_ran_last = False
         if self._training:

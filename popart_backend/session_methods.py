@@ -97,6 +97,11 @@ def check_64bit_ranges(program, stepio) -> None:
         cast = _CAST_64.get(stream.info.dtype)
         array = stepio.inputs.get(stream.id)
         if isinstance(array, torch.Tensor) and cast is not None:
+            if array.dtype is torch.int64 and array.numel() and not array.requires_grad:
+                # One min/max pass; the numpy path below finds the first bad value.
+                low, high = (int(v) for v in torch.aminmax(array))
+                if low >= cast[1].min and high <= cast[1].max:
+                    continue
             array = array.detach().cpu().numpy()  # a lite PyStepIO input (dataflow.py)
         if cast is None or not isinstance(array, np.ndarray) or array.size == 0 \
                 or array.dtype != stream.info.dtype.numpy:

@@ -11,6 +11,7 @@ import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+import popart_backend as popart
 from popart_backend.device.plan import ExecutionPlan, to_torch
 from popart_backend.dtypes import DataType, to_host
 from popart_backend.importer.onnx_model import import_model
@@ -259,5 +260,21 @@ def check_grad(op_type: str, inputs: Sequence[np.ndarray | None], attrs: dict | 
     return ours
 
 
+def sgd_step(model, loss: str, feeds: dict, weight: str, initial: np.ndarray, lr: float,
+             options=None):
+    """One ConstSGD(lr) step of a TrainingSession on the CPU device: (the weight ``weight``
+    read back after the step, the session)."""
+    session = popart.TrainingSession(model, popart.DataFlow(1, [loss]), loss,
+                                     popart.ConstSGD(lr), popart.DeviceManager().createCpuDevice(),
+                                     userOptions=options)
+    session.prepareDevice()
+    session.weightsFromHost()
+    session.run(popart.PyStepIO(feeds, session.initAnchorArrays()))
+    session.weightsToHost()
+    weights = {weight: np.zeros_like(initial)}
+    session.readWeights(popart.PyWeightsIO(weights))
+    return weights[weight], session
+
+
 __all__ = ["TensorProto", "assert_close", "check_grad", "check_op", "one_op_model", "rand",
-           "run_onnxruntime", "run_popart"]
+           "run_onnxruntime", "run_popart", "sgd_step"]

@@ -40,7 +40,6 @@ from .spec import IpuSpec
 from .vector_exchange import VectorExchange, linear_pieces, vector_exchange, worker_vertices
 
 
-
 @dataclass(frozen=True)
 class OpCycles:
     """The cost of one execution of one op."""

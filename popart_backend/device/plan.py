@@ -126,7 +126,7 @@ class ExecutionPlan:
         # views, one extra slot per buffer holding each replica's view.
         # Memory layouts (device/layout.py): channels-last activations between convolutions.
         kept_slots = {self.slot[t] for t in keep}
-        layouts = plan_layouts(raw_steps, kept_slots)
+        self.layouts = layouts = plan_layouts(raw_steps, kept_slots)
         self.arena = plan_arena(raw_steps, kept_slots, num_stages, layouts.channels_last)
         self.buffer_slots: dict[int, int] = {}
         for s in self.arena.buffers:

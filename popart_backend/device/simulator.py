@@ -46,9 +46,11 @@ from .stream_io import (
     HandOver,
     bind_inputs,
     bind_outputs,
+    bind_tensor_inputs,
     callback_feed,
     callback_input,
     callback_output,
+    tensor_input_table,
     zeros_of,
 )
 from .update_tail import UpdateTail
@@ -98,7 +100,7 @@ class SimulatedDevice(GroupedWeights):
     # The attributes that hold (or index) device storage, built by _allocate() when first read.
     _STORAGE = frozenset({"plan", "_input_slots", "_zero_inputs", "_actions", "_accumulators",
                           "_outer_steps", "_window_end", "_seeds", "_state",
-                          "_own_slots", "_tail"})
+                          "_own_slots", "_tail", "_tensor_inputs"})
 
     def __getattr__(self, name: str):
         # Only called for attributes not set yet: the storage ones before _allocate().
@@ -147,6 +149,8 @@ class SimulatedDevice(GroupedWeights):
             self._state = StateSnapshot(self.plan, state)
             self._own_slots = self._result_slots(state)
             self._tail = self._update_tail()
+            table = tensor_input_table(program)
+            self._tensor_inputs = (table, {s.id: 0 for s in program.inputs}) if table else None
         except BaseException:
             for name in SimulatedDevice._STORAGE:
                 self.__dict__.pop(name, None)
@@ -372,11 +376,17 @@ class SimulatedDevice(GroupedWeights):
         """``_run_micro_batches`` for its most common case, a single micro-batch on a single
         replica from a PyStepIO (an inference call, a training step), without its loops."""
         p = self.program
-        feeds, in_offsets = bind_inputs(p, stepio)
+        fast = self._tensor_inputs
+        tensors = bind_tensor_inputs(fast[0], stepio) if fast is not None else None
+        if tensors is not None:  # torch inputs of the right types and shapes, read in place
+            in_offsets = fast[1]
+        else:
+            feeds, in_offsets = bind_inputs(p, stepio)
+            tensors = [chunks[0] for chunks in feeds]
         destinations, out_offsets = bind_outputs(p, stepio)
         values = self.plan.values
-        for slot, chunks in zip(self._input_slots, feeds):
-            values[slot] = chunks[0]
+        for slot, tensor in zip(self._input_slots, tensors):
+            values[slot] = tensor
         if self._seeds is not None:
             self._seeds[0][1] = self._micro_batch_counter + self._counter_offsets[0]
             self._micro_batch_counter += 1

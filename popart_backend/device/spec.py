@@ -120,7 +120,7 @@ _IPU_SYNC_CYCLES = 1500
 #   docs/device_model.md (BERT-Large pretraining on a Bow Pod16, ResNet-50 training on a Mk2
 #   IPU-POD16): 0.75 put them at 1.04x / 1.21x of the published throughput, 0.65 at
 #   0.96x / 1.13x. Refitted when the vector ops got their vertex launches and exchange (which
-#   gave 0.95x / 1.12x at 0.65): 0.63 gives 0.94x / 1.10x. A 2048^3 float16 matmul then runs
+#   gave 0.96x / 1.13x at 0.65): 0.63 gives 0.94x / 1.11x. A 2048^3 float16 matmul then runs
 #   at about 40 % of the AMP peak.
 # - AMP setup: cycles per vertex pass on a tile (launch, worker start, AMP pipeline fill); an
 #   estimate of the order of a vertex launch, held at 100 while the AMP efficiency was

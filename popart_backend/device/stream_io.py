@@ -101,6 +101,34 @@ def bind_inputs(p: Program, stepio: PyStepIO):
     return feeds, offsets
 
 
+def tensor_input_table(p: Program) -> tuple | None:
+    """For ``bind_tensor_inputs``: per input (id, torch dtype, shape) when a run reads one
+    micro-batch of every input in place from a torch tensor of its storage type; else None."""
+    if p.micro_batches_per_run != 1 or not all(
+            s.info.dtype.storage_views_host and s.info.dtype is not DataType.STRING
+            and s.info.nelms for s in p.inputs):
+        return None
+    return tuple((s.id, s.info.dtype.torch, torch.Size(s.info.shape)) for s in p.inputs)
+
+
+def bind_tensor_inputs(table: tuple, stepio: PyStepIO) -> list | None:
+    """``bind_inputs`` of a run of one micro-batch (``tensor_input_table``) for a step IO
+    holding exactly the model's inputs as contiguous CPU tensors of their dtype and shape:
+    the tensors themselves, checked at a fraction of the cost; None: take ``bind_inputs``."""
+    inputs, offsets = stepio.inputs, stepio.input_offsets
+    if len(inputs) != len(table):
+        return None
+    feeds = []
+    for tensor_id, dtype, shape in table:
+        tensor = inputs.get(tensor_id)
+        if (type(tensor) is not torch.Tensor or tensor.dtype is not dtype
+                or tensor.shape != shape or tensor.requires_grad or not tensor.is_cpu
+                or not tensor.is_contiguous() or offsets.get(tensor_id, 0)):
+            return None
+        feeds.append(tensor)
+    return feeds
+
+
 def _tensor_input(stream: InputStream, tensor: torch.Tensor, expected: int, chunks: int,
                   offset: int) -> torch.Tensor | None:
     """A torch input as the run's only chunk of ``stream``, viewed in place; None when it

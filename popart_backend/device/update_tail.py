@@ -92,11 +92,15 @@ class UpdateTail:
         """This run's fused update of ``values`` (a no-argument callable), or None when the
         updates' hyper-parameters differ (the steps then run as they are)."""
         first = None
+        read: dict[int, float] = {}  # each scalar slot read once (the updates share them)
         for op, dynamic in zip(self._ops, self._dynamic):
             const = op.attrs
             h = {"lr": const.lr, "momentum": const.momentum, "weight_decay": const.weight_decay}
             for name, slot in dynamic:
-                h[name] = float(values[slot])
+                value = read.get(slot)
+                if value is None:
+                    value = read[slot] = float(values[slot])
+                h[name] = value
             key = (h["lr"], h["momentum"], h["weight_decay"], const.nesterov)
             if first is None:
                 first = key

@@ -9,13 +9,13 @@ its largest output. An input holding the same number of elements as that output 
 like it (elementwise ops read their inputs in place), so it is not exchanged. Otherwise the op
 receives pieces into temporary buffers on its tiles:
 
-- a broadcast operand (fewer elements than the output, broadcasting to it by the numpy rule:
-  a bias, a per-row statistic, a scalar) costs each output tile the operand's elements its
+- a broadcast operand (fewer elements than the output: an elementwise op's operand
+  broadcasting by the numpy rule, or a variable or constant of another op lining up with some
+  of the output's axes, as a norm's scale) costs each output tile the operand's elements its
   output piece reads: a piece of p elements reads at most p values of a bias along the last
-  axis, and one or two of a per-row value whose row is longer than p;
-- a smaller input that does not broadcast (a scatter's updates, a per-row statistic kept
-  flat) sends each of its elements where the output needs it: its own size, at most the
-  output's;
+  axis, one or two of a per-row value whose row is longer than p, one of a scalar;
+- another smaller input (a scatter's updates, a per-row statistic kept flat) sends each of its
+  elements where the output needs it: its own size, at most the output's;
 - a rearrangement (a Transpose that reorders axes, a Concat, or an input with more elements
   than the output: a gather's table, a slice's source, a loss's scores) costs the output's
   pieces once, whichever input they come from;
@@ -27,7 +27,9 @@ Variables and constants read elementwise are laid out for the op, like computed 
 same size; a variable broadcast (a bias) or gathered from (an embedding table) still moves. Ops
 that are themselves transfers (IPU copies, remote loads and stores, collectives over the
 IPU-Links), views other than a reordering Transpose, and the pipeline stash and restore (a ring
-buffer laid out slot by slot like the tensor it keeps) receive nothing here.
+buffer laid out slot by slot like the tensor it keeps) receive nothing here; nor do the pooling
+ops, whose input and output planes are mapped in proportion, so that each tile's windows read
+its own piece (the few halo rows where windows cross a piece boundary are not counted).
 
 Worker vertices. A tile runs an op's piece as up to ``threads_per_tile`` worker vertices, one
 per ``tile_grain_bytes`` of the piece of its largest operand. The workers share the tile's
@@ -38,10 +40,12 @@ vertex, and each vertex costs ``vertex_launch_cycles`` of that pipeline for its 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 from ..ir.op import Op
+from ..ir.tensor import Tensor, TensorKind
+from ..ops.base import ElementwiseBinary, Variadic
 from ..ops.reduce import Reduce
 from ..ops.shape import Transpose, ViewOp
 from ..ops.stash import Restore, Stash
@@ -52,6 +56,11 @@ __all__ = ["EXCHANGE_BUFFERS", "VectorExchange", "exchange_buffer_spans", "linea
 
 EXCHANGE_BUFFERS = "exchange buffers"  # memory category: live at their op's position only
 _CONCATENATING = frozenset({"Concat", "ConcatGrad"})
+# Pooling: windows over [N, C, H, W] planes, whose input and output are mapped in proportion.
+_WINDOWED = frozenset(f"{kind}{grad}" for kind in (
+    "MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")
+    for grad in ("", "Grad"))
+_LAID_OUT = (TensorKind.VARIABLE, TensorKind.CONST)
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,7 @@ def worker_vertices(piece_bytes: int, spec: IpuSpec) -> int:
 
 def _moves_nothing(op: Op) -> bool:
     return (op.uses_amp or op.runs_between_cycles or op.remote_transfer or op.collective
-            or isinstance(op, (Stash, Restore))
+            or isinstance(op, (Stash, Restore)) or op.op_type in _WINDOWED
             or (isinstance(op, ViewOp) and not _reorders(op)))
 
 
@@ -113,27 +122,45 @@ def vector_exchange(op: Op, spec: IpuSpec, tiles: int | None = None) -> VectorEx
             continue
         if t.info.nelms > out.nelms:
             rearranged = out.num_bytes
-        elif _broadcasts(t.info.shape, out.shape):
-            touched = _touched(t.info.shape, out.shape, piece_elems)
+            continue
+        aligned = _aligned(op, t, out.shape)
+        if aligned is not None:
+            touched = _touched(aligned, out.shape, piece_elems)
             broadcast += out_tiles * touched * t.info.dtype.itemsize
         else:  # its elements go to where the output needs them, each once
             scattered += t.info.num_bytes
     return VectorExchange(broadcast + min(scattered, out.num_bytes) + rearranged, out_tiles)
 
 
-def _broadcasts(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
-    """Whether ``shape`` broadcasts to ``out`` by the numpy rule (trailing axes aligned)."""
-    if len(shape) > len(out):
-        return False
-    return all(n in (1, o) for n, o in zip(reversed(shape), reversed(out)))
+def _aligned(op: Op, t: Tensor, out: tuple[int, ...]) -> tuple[int, ...] | None:
+    """``t``'s shape padded with 1s to ``out``'s rank where it broadcasts along the other axes,
+    or None. Elementwise ops broadcast by the numpy rule (trailing axes aligned). A variable or
+    constant of another op (a norm's scale, a bias) lines up with the trailing axes, else with
+    the first run of output axes it equals (a batch norm's channels). Other computed inputs of
+    other ops are not taken for broadcasts (a per-row statistic kept flat): None."""
+    shape, rank = tuple(t.info.shape), len(out)
+    if len(shape) > rank:
+        return None
+    trailing = (1,) * (rank - len(shape)) + shape
+    fits = all(n in (1, o) for n, o in zip(trailing, out))
+    if isinstance(op, (ElementwiseBinary, Variadic)):
+        return trailing if fits else None
+    if t.kind not in _LAID_OUT:
+        return None
+    if fits:
+        return trailing
+    for k in range(rank - len(shape) + 1):
+        if out[k:k + len(shape)] == shape:
+            return (1,) * k + shape + (1,) * (rank - k - len(shape))
+    return None
 
 
-def _touched(shape: tuple[int, ...], out: tuple[int, ...], run: int) -> int:
-    """Elements of an operand of ``shape`` broadcast to ``out`` that a run of ``run``
-    consecutive output elements reads (at worst, starting anywhere): along each output axis
-    the run spans ``ceil((run - 1) / inner) + 1`` indices (inner: the elements of the axes
-    after it), and the operand has its own elements only along its non-broadcast axes."""
-    aligned = (1,) * (len(out) - len(shape)) + tuple(shape)
+def _touched(aligned: tuple[int, ...], out: tuple[int, ...], run: int) -> int:
+    """Elements of an operand (its shape ``aligned`` to ``out``'s rank) broadcast to ``out``
+    that a run of ``run`` consecutive output elements reads (at worst, starting anywhere): along
+    each output axis the run spans ``ceil((run - 1) / inner) + 1`` indices (inner: the elements
+    of the axes after it), and the operand has its own elements only along its non-broadcast
+    axes."""
     touched, inner = 1, 1
     for n, o in zip(reversed(aligned), reversed(out)):
         if n == o and o > 1:

@@ -167,8 +167,9 @@ def _state_mismatch(tensor_id: str, stored: np.ndarray, dtype, shape,
     if groups is None:
         hint = ""
     elif groups == 1:
-        hint = (" (the model keeps one value per replica group; this session does not group "
-                "that state: its weight has no VariableSettings with several groups)")
+        hint = (" (the model keeps one value per replica group; this session keeps one value "
+                "for that state: its weight has no VariableSettings, or they give one group at "
+                "this replication factor)")
     else:
         hint = f" (one value per replica group: this session's weight has {groups} groups)"
     return popart_exception(

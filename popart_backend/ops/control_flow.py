@@ -268,7 +268,8 @@ class If(SubgraphOp):
             name: grad_body(g, self, getattr(self.attrs, name), seeds, ids, infos, f"{name}_grad")
             for name in self.body_attrs
         }
-        g.stitch_forward([(getattr(self.attrs, name), body) for name, body in bodies.items()])
+        bodies = dict(zip(bodies, g.stitch_forward(
+            [(getattr(self.attrs, name), body) for name, body in bodies.items()])))
         captured = _union(b.captured for b in bodies.values())
         outs = g.op("If", g.input(0), *captured, num_outputs=len(ids), version=self.version,
                     **bodies)
@@ -322,8 +323,9 @@ class Call(SubgraphOp):
         local = [callee.formal[i] if i < n else self.inputs[i].id for i in wrt]
         body = grad_body(g, self, callee, _output_grads(g, self), local,
                          [self.inputs[i].info for i in wrt], "callee_grad", keep_formal=True)
-        g.stitch_forward([(callee, body)])
-        args = [g.input(i) for i in range(n)]
+        (body,) = g.stitch_forward([(callee, body)])
+        # The arguments the gradient body reads (stitched: maybe not all of them).
+        args = [g.input(i) for i in range(n) if callee.formal[i] in body.formal]
         outs = g.op("Call", *args, *body.captured, domain=AI_GRAPHCORE,
                     num_outputs=len(local), callee=body)
         outs = [outs] if isinstance(outs, str) else outs

@@ -270,6 +270,18 @@ class Sum(VariadicOp):
             out = out.add_(x) if out.shape == self._out_shape else torch.add(out, x)
         return out
 
+    writes_into = True
+
+    def kernel_into(self, out, *xs):
+        # A gradient sum (autodiff's, e.g. at a residual fork) into its arena buffer; the
+        # same additions in the same order as ``kernel``.
+        if len(xs) < 2 or xs[0].shape != self._out_shape or xs[1].shape != self._out_shape:
+            return self.kernel(*xs)
+        torch.add(xs[0], xs[1], out=out)
+        for x in xs[2:]:
+            out.add_(x)
+        return out
+
     def grad(self, g):
         dy = g.output_grad(0)
         self.unbroadcast(g, [dy] * len(self.inputs))

@@ -221,6 +221,9 @@ class ConvBiasAct(FusedOp):
     on the vector units."""
 
     uses_amp = True
+    # X channels-last, as Conv's (device/layout.py); the epilogues keep the conv's layout.
+    strided_inputs = True
+    channels_last_inputs = (0,)
 
     @dataclass(frozen=True)
     class Attrs:
@@ -386,7 +389,8 @@ class Attention(FusedOp):
 
     With ``save_stats`` (made by the training fusion) the op also outputs the row-wise
     log-sum-exp of the scores, f32 [B, H, L], computed by torch's CPU flash-attention kernel;
-    AttentionGrad reads it instead of recomputing the softmax.
+    AttentionGrad reads it instead of recomputing the softmax. With ``nan_masked_rows`` too,
+    AttentionGrad gives the NaN gradients the unguarded softmax gives for such rows.
     """
 
     aliases_inputs = True  # present key/value without a past are the inputs
@@ -404,9 +408,6 @@ class Attention(FusedOp):
         super().__init__(attrs, settings, input_infos, out)
         if attrs.save_stats:
             self._out = [out, TensorInfo(out.dtype, out.shape[:-1])]
-        if attrs.save_stats and attrs.nan_masked_rows:
-            raise ShapeError(f"{self.debug_name}: nan_masked_rows is for inference only "
-                             f"(save_stats=0).")
 
     def kernel(self, q, k, v, mask=None):
         if self.attrs.key_transposed:
@@ -420,8 +421,10 @@ class Attention(FusedOp):
                     y = y.masked_fill(full, float("nan"))
             return y
         q, k, v, mask = _unit_stride(q, k, v, mask)
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        y, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=mask, scale=self.attrs.scale)
+        full = _fully_masked(mask) if self.attrs.nan_masked_rows else None
+        return (y if full is None else y.masked_fill_(full, float("nan"))), lse
 
     def cost(self) -> tuple[int, int]:
         # Two products of 2·L·S·E each (scores, then the weighted sum of V).
@@ -442,9 +445,19 @@ class Attention(FusedOp):
         mask = g.input(3) if g.has_input(3) else None
         grads = g.op("AttentionGrad", g.output_grad(0), g.input(0), g.input(1), g.input(2),
                      g.output(0), g.output(1), mask, domain=FUSED_DOMAIN, num_outputs=3,
-                     scale=self.attrs.scale, key_transposed=self.attrs.key_transposed)
+                     scale=self.attrs.scale, key_transposed=self.attrs.key_transposed,
+                     nan_masked_rows=self.attrs.nan_masked_rows)
         for index, grad in enumerate(grads):
             g.set_input_grad(index, grad)
+
+
+def _fully_masked(mask):
+    """Where a row of ``mask`` is -inf everywhere ([..., L, 1], broadcastable to the output),
+    or None when no row is (or there is no mask)."""
+    if mask is None:
+        return None
+    full = torch.isneginf(mask).all(-1, keepdim=True)
+    return full if full.any() else None
 
 
 def _unit_stride(*tensors):
@@ -464,6 +477,7 @@ class AttentionGrad(Op):
     class Attrs:
         scale: float = 1.0
         key_transposed: int = 1
+        nan_masked_rows: int = 0
 
     def infer(self, dy, q, k, v, y, lse, mask=None):
         self._flops = 8 * q.nelms * v.shape[-2]
@@ -475,6 +489,14 @@ class AttentionGrad(Op):
         dy, q, k, v, mask = _unit_stride(dy, q, k, v, mask)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dy, q, k, v, y, lse, 0.0, False, attn_mask=mask, scale=self.attrs.scale)
+        full = _fully_masked(mask) if self.attrs.nan_masked_rows else None
+        if full is not None:
+            # As the unguarded softmax: a fully masked row's probabilities are NaN, so is that
+            # row of dQ, and every dK and dV entry of its (batch, head) (they sum over rows).
+            dq = dq.masked_fill(full, float("nan"))
+            slices = full.any(-2, keepdim=True)
+            dk = dk.masked_fill(slices, float("nan"))
+            dv = dv.masked_fill(slices, float("nan"))
         if self.attrs.key_transposed:
             dk = dk.transpose(-1, -2)
         return dq, dk, dv

@@ -62,6 +62,9 @@ class ConvBatchNorm(FusedOp):
     """
 
     uses_amp = True
+    # X channels-last, as Conv's (device/layout.py); the epilogues keep the conv's layout.
+    strided_inputs = True
+    channels_last_inputs = (0,)
 
     @dataclass(frozen=True)
     class Attrs:

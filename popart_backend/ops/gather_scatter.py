@@ -160,6 +160,26 @@ class GatherGrad(_AxisGatherGrad):
         return dx.index_add_(self.attrs.axis, index, dy.reshape(self.rows_shape))
 
 
+@register_op("GatherGradAdd", versions=1, domain=AI_GRAPHCORE)
+class GatherGradAdd(GatherGrad):
+    """acc + GatherGrad(dy, indices), adding dy's slices into ``acc``'s own storage (it is the
+    output): a tied embedding's weight gradient with no zero-filled table and no extra sum.
+    transforms/fuse_grad_sum.py makes it where nothing else reads ``acc``."""
+
+    modifies_inputs = (2,)
+
+    def infer(self, dy, indices, acc):
+        out = super().infer(dy, indices)
+        if acc != out:
+            raise ShapeError(f"{self.debug_name}: the accumulated gradient {acc} must be "
+                             f"{out}, the gathered data's shape and dtype.")
+        return out
+
+    def kernel(self, dy, indices, acc):
+        index = _wrap_negative(indices, self.size).reshape(-1)
+        return acc.index_add_(self.attrs.axis, index, dy.reshape(self.rows_shape))
+
+
 @register_op("GatherElements", versions=(11, 13))
 class GatherElements(Op):
     """out[i][j][k] = data[index[i][j][k]][j][k] (for axis 0): torch.gather."""

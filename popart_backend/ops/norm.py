@@ -264,7 +264,11 @@ class BatchNormalizationTraining(_Normalization):
             var.copy_(running_var.view(var.shape))
         if self.attrs.saved_var:
             saved_invstd = saved_invstd.pow(-2).sub_(self.attrs.epsilon)
-        return y.view(x.shape), mean, var, saved_mean.to(self._dtype), saved_invstd.to(self._dtype)
+        if self._flat is not None:
+            y = y.view(x.shape)
+        if saved_mean.dtype != self._dtype:  # float32 statistics of a float16 X
+            saved_mean, saved_invstd = saved_mean.to(self._dtype), saved_invstd.to(self._dtype)
+        return y, mean, var, saved_mean, saved_invstd
 
     def grad(self, g):
         _batch_norm_grads(self, g, g.output(3), g.output(4), training=1 + self.attrs.saved_var)
@@ -294,11 +298,15 @@ class BatchNormalizationGrad(_Normalization):
         self._dtype = x.dtype.torch
         self._mask = [i in self.attrs.wrt for i in range(3)]
         self._param_dtypes = (scale.dtype.torch, b.dtype.torch)
+        # Casts and reshapes a kernel call needs (none for a spatial float32 BN: the step's
+        # fixed cost is then the backward kernel alone).
+        self._cast = {scale.dtype, b.dtype, stat0.dtype, stat1.dtype} != {x.dtype}
         return [(x, scale, b)[i] for i in self.attrs.wrt]
 
     def kernel(self, dy, x, scale, b, stat0, stat1):
-        dtype = self._dtype
-        scale, stat0, stat1 = scale.to(dtype), stat0.to(dtype), stat1.to(dtype)
+        if self._cast:
+            dtype = self._dtype
+            scale, stat0, stat1 = scale.to(dtype), stat0.to(dtype), stat1.to(dtype)
         if self._flat is not None:
             dy, x = dy.reshape(self._flat), x.reshape(self._flat)
             scale, stat0, stat1 = scale.reshape(-1), stat0.reshape(-1), stat1.reshape(-1)
@@ -311,6 +319,8 @@ class BatchNormalizationGrad(_Normalization):
         dx, dscale, db = torch.ops.aten.native_batch_norm_backward(
             dy, x, scale, *args, self.attrs.epsilon, self._mask
         )
+        if self._flat is None and not self._cast:
+            return pick_grads((dx, dscale, db), self.attrs.wrt)
         if dx is not None:
             dx = dx.view(self.inputs[1].info.shape)
         if dscale is not None:

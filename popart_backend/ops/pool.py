@@ -131,6 +131,9 @@ class _WindowPoolGrad:
 
 @register_op("MaxPool", versions=(1, 8, 10, 11, 12, 22))
 class MaxPool(_WindowPool):
+    # Channels-last X in (device/layout.py): torch pools it in place of layout; the indices
+    # count within each plane whatever the layout.
+    strided_inputs = True
     """Y = max over each window; Indices (version >= 8) = flat index of the max in X."""
 
     grad_type = "MaxPoolGrad"
@@ -236,6 +239,8 @@ def _max_pool_backward(n: int):
 @register_op("MaxPoolGrad", versions=1, domain=AI_GRAPHCORE)
 class MaxPoolGrad(_WindowPoolGrad, MaxPool):
     """dX of MaxPool: the window maxima are found again (indices) and dY is routed there."""
+
+    strided_inputs = True
 
     def infer(self, dy, x):
         self.check_dy(dy, self.setup(x))
@@ -545,6 +550,8 @@ class _GlobalPool(Op):
 
 @register_op("GlobalAveragePool", versions=(1, 22))
 class GlobalAveragePool(_GlobalPool):
+    strided_inputs = True  # a mean over the spatial dims, any layout (device/layout.py)
+
     def kernel(self, x):
         return x.mean(self._dims, keepdim=True)
 
@@ -571,6 +578,8 @@ class GlobalAveragePoolGrad(Op):
 
 @register_op("GlobalMaxPool", versions=(1, 22))
 class GlobalMaxPool(_GlobalPool):
+    strided_inputs = True  # a max over the spatial dims, any layout (device/layout.py)
+
     def kernel(self, x):
         return x.amax(self._dims, keepdim=True)
 

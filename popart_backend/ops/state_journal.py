@@ -15,6 +15,9 @@ journal instead acts at the first in-place write of each state tensor within a r
 objects (and storages of saved ones) hold their values of the start of the run; ``commit`` forgets the saves. Later writes of a tensor in the same run
 (more micro-batches, accumulation) go in place: its start value is already safe.
 
+The SGD updates that end a run of one micro-batch skip the journal altogether: the run loop
+runs them last, after the anchor writes, in place with one fused call (device/update_tail.py).
+
 A storage swap changes what a view taken earlier sees: a view of a state tensor keeps the old
 storage. The plan pins the state tensors an aliasing op may take a view of (``begin``): those
 are always saved by copy and copied back, never swapped.

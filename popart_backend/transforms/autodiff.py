@@ -102,12 +102,14 @@ class GradBuilder:
         return Autodiff(None, stitcher=self._autodiff.stitcher.inner()).differentiate(
             graph, seeds, wrt)
 
-    def stitch_forward(self, pairs: list) -> None:
+    def stitch_forward(self, pairs: list) -> list:
         """(forward body, gradient body) pairs of this subgraph op: with the AddFwdOutputs
         strategies, the gradient bodies read the forward values they need as extra outputs of
-        the op instead of recomputing them (transforms/autodiff_stitch.py); else nothing."""
+        the op instead of recomputing them (transforms/autodiff_stitch.py). Returns the
+        gradient bodies to use (a stitched one may have fewer formal inputs)."""
         if self._adds_fwd_outputs:
-            stitch(self._op, pairs)
+            return stitch(self._op, pairs)
+        return [grad for _, grad in pairs]
 
     # op creation
     def op(self, op_type: str, *inputs: str | None, domain: str = AI_ONNX, num_outputs: int = 1,
@@ -199,6 +201,7 @@ class Autodiff:
 
         start = self.loss_id or sorted(seeds)
         self._backprop(order, grads, reaches_loss, start)
+        self.stitcher.log_if_unused(len(ir.graphs) > 1)
 
         changed = self._name_anchored(graph, wanted, grads, reaches_loss, start)
         for tid in sorted(ir.named_gradients - set(wanted)):  # named only where one exists

@@ -7,7 +7,9 @@ RecomputeMinimal that copy stays: the gradient recomputes the forward values it 
 AddFwdOutputs and SafeAddFwdOutputs, ``stitch`` turns each forward value the backward ops read
 into an extra output of the forward body, hence of the forward op, and into an input of the
 gradient body, whose copied forward ops are deleted. Those values then stay live from the
-forward op to its gradient op (more memory) and nothing is computed twice (fewer cycles).
+forward op to its gradient op (more memory) and nothing is computed twice (fewer cycles). A
+Call's gradient takes only the arguments its body still reads, so an argument only the
+deleted copy read is not kept alive until the backward.
 
 Before (recompute):                       After (AddFwdOutputs):
   y = Call<f>(x)                            y, t' = Call<f>(x)
@@ -56,6 +58,7 @@ class Stitcher:
     def __init__(self, strategy: AutodiffStitchStrategy = _RECOMPUTE, nested: bool = False):
         self.strategy = strategy
         self.nested = nested  # the autodiff of a body (If/Call gradient bodies)
+        self.considered = False  # did a subgraph op of the main graph get differentiated?
 
     def inner(self) -> "Stitcher":
         """The stitcher of a nested autodiff, growing a gradient body."""
@@ -65,6 +68,7 @@ class Stitcher:
         if self.strategy not in _ADD or not isinstance(op, SubgraphOp):
             return False
         option = f"SessionOptions.autodiffSettings.stitchStrategy = {self.strategy.name}"
+        self.considered = True
         if self.nested:
             _log_once(("nested", self.strategy.name), (
                 f"{option}: {op.debug_name} sits inside the body of another subgraph op; its "
@@ -86,6 +90,16 @@ class Stitcher:
             f"the forward values it needs, because {why}."))
         return False
 
+    def log_if_unused(self, has_subgraphs: bool) -> None:
+        """After the main graph's autodiff: say once that an AddFwdOutputs strategy had no
+        effect because no gradient went through the model's subgraph ops (a model without
+        subgraphs is logged by the session's check_stitch_strategy)."""
+        if self.strategy in _ADD and has_subgraphs and not self.nested and not self.considered:
+            _log_once(("unused", self.strategy.name), (
+                f"SessionOptions.autodiffSettings.stitchStrategy = {self.strategy.name} has no "
+                f"effect: no gradient flows through a subgraph op (If, Call, Loop, Scan) of "
+                f"this model, so there are no forward values to stitch."))
+
 
 def _shared_bodies(op: SubgraphOp) -> bool:
     """Does another op of the Ir hold one of ``op``'s body graphs? (Adding outputs would
@@ -99,10 +113,12 @@ def _shared_bodies(op: SubgraphOp) -> bool:
     return False
 
 
-def stitch(op: SubgraphOp, pairs: list[tuple[Body, Body]]) -> None:
+def stitch(op: SubgraphOp, pairs: list[tuple[Body, Body]]) -> list[Body]:
     """Give forward ``op`` extra outputs for the forward values its gradient bodies read, and
     make those bodies read them (by id) instead of recomputing them. ``pairs`` are (forward
-    body, its gradient body), one per body of ``op``, in output order of the bodies."""
+    body, its gradient body), one per body of ``op``, in output order of the bodies. Returns
+    the gradient bodies, without the formal inputs they no longer read (a Call's gradient
+    then takes only the arguments it needs: ``Body.formal`` says which)."""
     needs = [_needed(fwd, grad) for fwd, grad in pairs]
     existing = [_existing_outputs(op, fwd, grad) for fwd, grad in pairs]
     added = [[t for t in need if t not in known] for need, known in zip(needs, existing)]
@@ -127,6 +143,21 @@ def stitch(op: SubgraphOp, pairs: list[tuple[Body, Body]]) -> None:
         _read_instead_of_recompute(grad, fwd, {tid: known[tid] for tid in need})
     _log.debug("autodiff: %s returns %d forward values for its gradient", op.debug_name,
                sum(len(ids) for ids in added))
+    return [_without_unread_formals(grad) for _, grad in pairs]
+
+
+def _without_unread_formals(grad: Body) -> Body:
+    """``grad`` without the formal inputs nothing in it reads any more (the deleted forward
+    copy read them)."""
+    graph = grad.graph
+    unread = [t for t in grad.formal
+              if not graph.tensors[t].consumers and t not in graph.outputs]
+    if not unread:
+        return grad
+    graph.inputs = [t for t in graph.inputs if t not in unread]
+    for tid in unread:
+        graph.remove_tensor(graph.tensors[tid])
+    return Body(graph, grad.num_formal - len(unread))
 
 
 def _forward_ops(fwd: Body, grad: Body) -> list[Op]:

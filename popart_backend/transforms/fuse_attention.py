@@ -17,8 +17,9 @@ Before:  qs = Mul(q, c)                  # c = scale ** 0.5, constant
 After:   y = popart.fused::Attention(q, k, v, mask, scale=c*c, key_transposed=0)
 
 Without the NaN guard, a mask that is not a finite constant (an input, a variable such as a
-causal-mask buffer, or computed from an attention-mask input) fuses in inference with
-``nan_masked_rows=1``: the fused op gives NaN on rows masked everywhere, as the ONNX Softmax.
+causal-mask buffer, or computed from an attention-mask input) fuses with
+``nan_masked_rows=1``: the fused op gives NaN on rows masked everywhere, as the ONNX Softmax,
+and in training the NaN gradients the unguarded softmax gives them.
 
 With ``training=True`` (the training pass list, before autodiff) the fused op also outputs the
 log-sum-exp of the scores (``save_stats=1``, tensor ``<y>/logsumexp``) for its gradient, torch's
@@ -189,10 +190,8 @@ class FuseAttention:
         nan_rows = 0
         if not guarded and mask is not None and not (mask.is_const
                                                      and np.isfinite(mask.data).all()):
-            # Without the guard a fully masked row is NaN in ONNX but zeros in torch: inference
-            # restores the NaN rows after the call; training leaves such attention alone.
-            if self.training:
-                return False
+            # Without the guard a fully masked row is NaN in ONNX but zeros in torch: the fused
+            # op restores the NaN rows after the call (and their NaN gradients in training).
             nan_rows = 1
         if mask is not None and (mask.info.dtype != q.info.dtype):
             return False

@@ -224,6 +224,9 @@ class HalfPartialLstms:
         changed = False
         for graph in ir.graphs.values():
             for op in graph.ops.values():
+                if op.op_type in _OTHER_RECURRENT and op.inputs and (
+                        op.inputs[0].info.dtype is DataType.FLOAT16):
+                    _log_other_recurrent(op)
                 x = op.inputs[0] if op.supports_lstm_half_partials and op.inputs else None
                 if x is None or op.settings.half_partials:
                     continue
@@ -240,6 +243,19 @@ class HalfPartialLstms:
 
 
 _FLOAT32_LSTM_LOGGED: list[str] = []
+_OTHER_RECURRENT = ("GRU", "RNN", "GRUGrad", "RNNGrad")
+_OTHER_RECURRENT_LOGGED: set[str] = set()
+
+
+def _log_other_recurrent(op: Op) -> None:
+    """A float16 GRU or RNN keeps float32 partials under lstmOptions (said once per type)."""
+    kind = op.op_type.removesuffix("Grad")
+    if kind not in _OTHER_RECURRENT_LOGGED:
+        _OTHER_RECURRENT_LOGGED.add(kind)
+        _log.warning("%s: SessionOptions.lstmOptions['partialsType'] = 'half' has no effect on "
+                     "a %s: lstmOptions sets the LSTMs' partials only, and the %s keeps float32 "
+                     "partials (its float16 products are summed in float32 and rounded once).",
+                     op.debug_name, kind, kind)
 
 
 def _mark(op: Op, **flags) -> None:

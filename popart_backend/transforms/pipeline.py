@@ -32,6 +32,7 @@ from .fuse_conv_bn_var import FoldVariableBatchNormIntoConv
 from .fuse_gelu import FuseGelu
 from .fuse_grad_update import FuseGradIntoUpdate
 from .fuse_grad_sum import FuseSliceGradSum
+from .fuse_tied_gather_grad import FuseTiedGatherGrad
 from .fuse_layer_norm import FuseLayerNorm
 from .fuse_matmul_add import FuseMatMulAdd
 from .grad_accumulation import OUTER, AccumulateGradients, ResetAccumulators, reduction_factors
@@ -198,6 +199,7 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     # Gradient ops inherit their forward op's settings: clear half partials they cannot honour.
     passes.append(HalfPartialConvs(unmark_unsupported=True))
     passes.append(FuseSliceGradSum())  # split gradients autodiff summed: one Concat
+    passes.append(FuseTiedGatherGrad())  # a tied embedding's rows added into its product grad
     if options.decomposeGradSum:
         passes.append(DecomposeGradSums())  # the gradient sums autodiff added
     if fp32_scale:

@@ -80,6 +80,9 @@ class _Executable:
         self.anchored: dict[str, str] = {}
         self.anchored_table: list[tuple] | None = None
         self.anchored_values: dict[str, torch.Tensor] | None = None
+        # The step IO of every run (running.py): its inputs are set per call, its outputs
+        # allocated by each run.
+        self.stepio = None
 
 
 class CompileMixin:

@@ -108,8 +108,12 @@ class RunMixin:
             inputs[name] = np.ascontiguousarray(array)
         session = executable.session
         # The run allocates the outputs (or hands its result tensors over): each call returns
-        # new tensors, as PopTorch does, written once.
-        stepio = popart.PyStepIO(inputs, {}, allocate_outputs=True)
+        # new tensors, as PopTorch does, written once. One step IO serves every call.
+        stepio = executable.stepio
+        if stepio is None:
+            stepio = executable.stepio = popart.PyStepIO({}, {}, allocate_outputs=True)
+        stepio.inputs = inputs
+        stepio.input_offsets.clear()  # each call reads its inputs from the start
         try:
             session.run(stepio)
         except popart.popart_exception as exc:

@@ -20,6 +20,7 @@ from onnxscript import values as onnxscript_values
 
 import popart_backend as popart
 
+from ..blocks import AVAILABLE_MEMORY_ATTR
 from ..errors import Error
 
 __all__ = ["custom_op", "identity_loss", "nop", "set_available_memory", "ipu_print_tensor"]
@@ -213,7 +214,7 @@ def _translate_available_memory(x, proportion: float):
 
 
 _MEMORY_MARK = "__available_memory_mark"
-_MEMORY_ATTR = "__available_memory"
+_MEMORY_ATTR = AVAILABLE_MEMORY_ATTR  # the op's own proportion, as the builder writes it
 _MATRIX_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Gather"})
 
 

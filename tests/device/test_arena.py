@@ -191,7 +191,8 @@ def test_steady_state_training_steps_allocate_only_in_kernels_without_out(traine
     What still allocates, per step, is what has no into-kernel: the L1 loss (abs, mean and its
     scalar division, the multiply by lambda) and its gradient (sign, two multiplies with their
     scalar casts), and a couple of blocks outside any op (the profiler's unattributed
-    ``[memory]`` events). SGD's updates write in place (their journal's ping-pong buffers)."""
+    ``[memory]`` events). SGD's updates write in place (one fused call at the end of the run,
+device/update_tail.py)."""
     (_, _, on, buffers, _), (_, _, off, *_rest) = trained
     steps = 10
     # Each buffer saves its output's allocation every step (measured: exactly that, 9 per
@@ -199,6 +200,19 @@ def test_steady_state_training_steps_allocate_only_in_kernels_without_out(traine
     assert on <= off - steps * (buffers - 2)
     assert on * 2 < off
     assert on / steps <= 12
+
+
+def test_fused_sgd_tail_updates_every_weight_in_place_without_allocating():
+    session = _mlp_session()
+    assert session._device._tail is not None and len(session._device._tail.steps) == 6
+    io = popart.PyStepIO({"x": np.ones((B, IN), np.float32)}, session.initAnchorArrays())
+    session.run(io)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for _ in range(3):
+            session.run(io)
+    fused = [e for e in prof.events() if e.name == "aten::_fused_sgd_"]
+    assert len(fused) == 3  # one call per step for all six weights
+    assert all(e.cpu_memory_usage <= 0 for e in fused)
 
 
 # --- every into-kernel against its kernel ------------------------------------------------------
@@ -220,6 +234,8 @@ INTO_CASES = [
     ("Mul", [_f(4, 6), _f(4, 6, seed=1)], {}, {}),
     ("Div", [_f(4, 6), _f(6, seed=1) + 3], {}, {}),
     ("Div", [np.arange(-12, 12, dtype=np.int32).reshape(4, 6), np.full(6, 5, np.int32)], {}, {}),
+    ("Sum", [_f(4, 6), _f(4, 6, seed=1)], {}, {}),
+    ("Sum", [_f(4, 6), _f(4, 6, seed=1), _f(6, seed=2)], {}, {}),
     ("Relu", [_f(4, 6)], {}, {}),
     ("Sigmoid", [_f(4, 6)], {}, {}),
     ("Tanh", [_f(4, 6)], {}, {}),
@@ -286,6 +302,8 @@ def _reference(op_type, xs, attrs):
               "Relu": torch.relu, "Sigmoid": torch.sigmoid, "Tanh": torch.tanh}
     if op_type in simple:
         return simple[op_type](*xs)
+    if op_type == "Sum":
+        return sum(xs[1:], xs[0])
     if op_type == "Gelu":
         return torch.nn.functional.gelu(xs[0], approximate=attrs["approximate"])
     if op_type == "ReduceSum":

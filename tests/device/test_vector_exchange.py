@@ -5,6 +5,7 @@ IpuSpec facts and the layout rules of docs/device_model.md, not read back from t
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -75,7 +76,7 @@ def test_F56_more_vertices_per_tile_cost_more_launches():
     for elements in (16, 32, 64, 96):  # 1, 2, 4 and 6 grains of one tile
         _, relu = _graph(helper.make_node("Relu", ["x"], ["y"]), [("x", [elements])])
         cycles.append(op_cycles(relu, spec).compute_cycles)
-    steps = [b - a for a, b in zip(cycles, cycles[1:])]
+    steps = [b - a for a, b in itertools.pairwise(cycles)]
     # Each extra vertex adds its launch; the arithmetic of the extra elements is a few cycles.
     assert steps[0] >= spec.vertex_launch_cycles
     assert steps[1] >= 2 * spec.vertex_launch_cycles
@@ -163,3 +164,31 @@ def test_F56_transpose_rearranges_and_reshape_does_not():
     assert _memory(t_ir, spec).categories[EXCHANGE] == 64 * 256 * 4
     assert op_cycles(reshape, spec).exchange_bytes == 0
     assert _memory(r_ir, spec).categories[EXCHANGE] == 0
+
+
+def test_F56_norm_parameters_broadcast_along_their_axis():
+    spec = IpuSpec.for_version("ipu2", 16)
+    n, c, h, w = 2, 8, 16, 16
+    params = [(name, np.ones(c, np.float32)) for name in ("s", "bias", "mean", "var")]
+    ir, bn = _graph(helper.make_node("BatchNormalization", ["x", "s", "bias", "mean", "var"],
+                                     ["y"]), [("x", [n, c, h, w])], params)
+    out_tiles, piece = _pieces(n * c * h * w * 4, 16, spec.tile_grain_bytes)
+    run = piece // 4
+    # Each [C] parameter lines up with the channel axis: a piece spans the channels of its
+    # run of h·w-element planes.
+    per_param = out_tiles * min(c, math.ceil((run - 1) / (h * w)) + 1) * 4
+    assert op_cycles(bn, spec).exchange_bytes == 4 * per_param
+    assert _memory(ir, spec).categories[EXCHANGE] == 4 * per_param
+    ir, ln = _graph(helper.make_node("LayerNormalization", ["x", "s", "bias"], ["y"]),
+                    [("x", [64, 256])], [("s", np.ones(256, np.float32)),
+                                         ("bias", np.zeros(256, np.float32))])
+    out_tiles, piece = _pieces(64 * 256 * 4, 16, spec.tile_grain_bytes)
+    assert op_cycles(ln, spec).exchange_bytes == 2 * out_tiles * min(256, piece // 4) * 4
+
+
+def test_F56_pooling_reads_its_own_pieces():
+    spec = IpuSpec.for_version("ipu2", 16)
+    ir, pool = _graph(helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2],
+                                       strides=[2, 2]), [("x", [1, 4, 32, 32])])
+    assert op_cycles(pool, spec).exchange_bytes == 0
+    assert _memory(ir, spec).categories[EXCHANGE] == 0

@@ -217,8 +217,11 @@ def test_float32_lstm_unchanged_and_logged_once(monkeypatch, caplog):
     assert len(logged) == 1 and "no effect" in logged[0].getMessage()
 
 
-def test_gru_is_not_an_lstm():
-    """lstmOptions does not reach a GRU: its float16 products keep float32 partials."""
+def test_gru_is_not_an_lstm(monkeypatch, caplog):
+    """lstmOptions does not reach a GRU: its float16 products keep float32 partials (logged
+    once)."""
+    monkeypatch.setattr(numerics_options, "_OTHER_RECURRENT_LOGGED", set())
+    caplog.set_level(logging.WARNING, logger="popart:transform")
     rng = np.random.default_rng(6)
     x = (rng.standard_normal((S, N, I)) * 2).astype(np.float16)
     w = (rng.standard_normal((1, 3 * H, I)) * 0.5).astype(np.float16)
@@ -236,6 +239,8 @@ def test_gru_is_not_an_lstm():
         session.run(popart.PyStepIO(feeds, anchors))
         results.append(anchors["out0"])
     np.testing.assert_array_equal(results[0], results[1])
+    logged = [r for r in caplog.records if "no effect on a GRU" in r.getMessage()]
+    assert len(logged) == 1 and "lstmOptions" in logged[0].getMessage()
 
 
 def _row_reference(x, w, r, b, lens, h0, c0, p, mm):

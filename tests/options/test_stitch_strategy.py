@@ -13,6 +13,7 @@ import pytest
 
 import popart_backend as popart
 from popart_backend.options import checks
+from tests.helpers import sgd_step
 
 S = popart.AutodiffStitchStrategy
 RNG = np.random.default_rng(12)
@@ -36,16 +37,7 @@ def _train(strategy, with_call: bool) -> np.ndarray:
     loss = b.aiGraphcore.l1loss([s], 1.0, reduction=popart.ReductionType.Sum)
     opts = popart.SessionOptions()
     opts.autodiffSettings = popart.AutodiffSettings(stitchStrategy=strategy)
-    session = popart.TrainingSession(
-        b.getModelProto(), popart.DataFlow(1, [loss]), loss, popart.ConstSGD(LR),
-        popart.DeviceManager().createCpuDevice(), userOptions=opts)
-    session.prepareDevice()
-    session.weightsFromHost()
-    session.run(popart.PyStepIO({x: X0}, session.initAnchorArrays()))
-    session.weightsToHost()
-    out = {w: np.zeros(3, np.float32)}
-    session.readWeights(popart.PyWeightsIO(out))
-    return out[w]
+    return sgd_step(b.getModelProto(), loss, {x: X0}, w, W0, LR, opts)[0]
 
 
 def _reference() -> np.ndarray:

@@ -154,3 +154,33 @@ class WithLoss(torch.nn.Module):
     def forward(self, x, labels):
         out = self.net(x)
         return out, torch.nn.functional.cross_entropy(out, labels)
+
+
+def test_one_step_io_serves_every_call_and_a_failed_call_leaves_it_usable():
+    """The wrapper reuses its executable's step IO: results of consecutive calls stay
+    independent, and a call the backend refuses (an int64 input outside int32) does not
+    disturb the next one."""
+
+    class Embed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.table = torch.nn.Embedding(10, 3)
+
+        def forward(self, ids, x):
+            return self.table(ids) * x
+
+    model = Embed()
+    wrapper = poptorch.inferenceModel(copy.deepcopy(model))
+    ids, x = torch.tensor([1, 2, 3]), torch.randn(3, 3)
+    first = wrapper(ids, x)
+    stepio = wrapper._active.stepio
+    assert stepio is not None
+    second = wrapper(ids, 2.0 * x)
+    assert wrapper._active.stepio is stepio
+    assert_allclose(actual=first, expected=model(ids, x).detach())
+    assert_allclose(actual=second, expected=model(ids, 2.0 * x).detach())
+    with pytest.raises(poptorch.Error, match="outside the int32 range"):
+        wrapper(torch.tensor([1, 2 ** 40, 3]), x)
+    assert_allclose(actual=wrapper(ids, x), expected=model(ids, x).detach())
+    wrapper.destroy()

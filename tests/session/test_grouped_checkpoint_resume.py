@@ -167,3 +167,17 @@ def test_grouped_state_of_another_grouping_is_refused(tmp_path):
                        match=r"'Accl___w' as float32\[2, 3, 2\].*float32\[3, 2\].*one value "
                              r"per replica group"):
         _session(ungrouped.SerializeToString(), plain_loss, "sgd", 4)
+
+
+def test_grouped_state_with_one_group_at_another_replication_factor_is_refused(tmp_path):
+    """Saved with 4 replicas in 2 groups, loaded with 2 replicas, where the same CommGroup
+    makes one group: the per-group state cannot be one value; the message says why."""
+    settings = popart.VariableSettings(popart.CommGroup(CG.Consecutive, 2))
+    model, loss = _model(settings)
+    first = _session(model, loss, "sgd", 4)
+    _run(first, _batches(1, 4))
+    first.modelToHost(str(tmp_path / "checkpoint.onnx"))
+    with pytest.raises(popart.popart_exception,
+                       match=r"as float32\[2(, 3, 2)?\].*one value per replica group.*one "
+                             r"group at this replication factor"):
+        _session(str(tmp_path / "checkpoint.onnx"), loss, "sgd", 2)

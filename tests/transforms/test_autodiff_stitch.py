@@ -14,6 +14,7 @@ import torch
 
 import popart_backend as popart
 from popart_backend.transforms import autodiff_stitch
+from tests.helpers import sgd_step
 
 S = popart.AutodiffStitchStrategy
 ADD = [S.AddFwdOutputs, S.SafeAddFwdOutputs]
@@ -99,21 +100,16 @@ def _train(strategy, kind: str, cond: bool = True, nested: bool = False, x0=X0, 
     out = {"call": lambda: _call_model(b, x, w, nested), "if": lambda: _if_model(b, x, w),
            "loop": lambda: _loop_model(b, x, w), "scan": lambda: _scan_model(b, x, w)}[kind]()
     loss = b.aiGraphcore.l1loss([out], 1.0, reduction=popart.ReductionType.Sum)
-    opts = popart.SessionOptions()
-    opts.autodiffSettings = popart.AutodiffSettings(stitchStrategy=strategy)
-    session = popart.TrainingSession(
-        b.getModelProto(), popart.DataFlow(1, [loss]), loss, popart.ConstSGD(LR),
-        popart.DeviceManager().createCpuDevice(), userOptions=opts)
-    session.prepareDevice()
-    session.weightsFromHost()
     feeds = {x: x0}
     if kind == "if":
         feeds["cond"] = np.array(cond)
-    session.run(popart.PyStepIO(feeds, session.initAnchorArrays()))
-    session.weightsToHost()
-    weights = {w: np.zeros_like(w0)}
-    session.readWeights(popart.PyWeightsIO(weights))
-    return weights[w], session
+    return sgd_step(b.getModelProto(), loss, feeds, w, w0, LR, _options(strategy))
+
+
+def _options(strategy) -> popart.SessionOptions:
+    opts = popart.SessionOptions()
+    opts.autodiffSettings = popart.AutodiffSettings(stitchStrategy=strategy)
+    return opts
 
 
 def _torch_reference(cond: bool = True, x0=X0, w0=W0) -> np.ndarray:
@@ -254,3 +250,90 @@ def test_add_fwd_outputs_refuses_a_loop_or_scan_body(kind):
     with pytest.raises(popart.popart_exception, match=f"AddFwdOutputs: the gradient of "
                        f"{kind.capitalize()}.*Use AutodiffStitchStrategy.SafeAddFwdOutputs"):
         _train(S.AddFwdOutputs, kind)
+
+
+@pytest.mark.parametrize("strategy", ADD, ids=[s.name for s in ADD])
+def test_strategy_without_a_differentiated_subgraph_is_logged(strategy, caplog):
+    """The model has a Call, but no gradient flows through it (it reads only the input x):
+    the strategy stitches nothing, which is said once; the step matches torch."""
+    b = popart.Builder(opsets={"ai.onnx": 11, "ai.graphcore": 1})
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", list(X0.shape)), "x")
+    w = b.addInitializedInputTensor(W0, "w")
+    callee = b.createSubgraphBuilder()
+    a = callee.addUntypedInputTensor()
+    callee.addOutputTensor(callee.aiOnnx.tanh([a]))
+    (t,) = b.aiGraphcore.call([x], 1, callee)
+    loss = b.aiGraphcore.l1loss([b.aiOnnx.matmul([t, w])], 1.0,
+                                reduction=popart.ReductionType.Sum)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            got, _ = sgd_step(b.getModelProto(), loss, {x: X0}, w, W0, LR, _options(strategy))
+    assert caplog.text.count(f"stitchStrategy = {strategy.name} has no effect") == 1
+    assert "no gradient flows through a subgraph op" in caplog.text
+    tanh_x = np.tanh(X0.astype(np.float64))
+    want = W0 - LR * tanh_x.T @ np.sign(tanh_x @ W0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _train_called_twice(strategy):
+    """y = f(f(x, w), w) with one callee f(a, c) = tanh(a @ c)^2 held by both Calls."""
+    w_sq = (W0[:, :3] if W0.shape[1] > 3 else W0).copy()
+    b = popart.Builder(opsets={"ai.onnx": 11, "ai.graphcore": 1})
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", list(X0.shape)), "x")
+    w = b.addInitializedInputTensor(w_sq, "w")
+    callee = b.createSubgraphBuilder()
+    a, c = callee.addUntypedInputTensor(), callee.addUntypedInputTensor()
+    callee.addOutputTensor(_tanh_square(callee, a, c))
+    (h,) = b.aiGraphcore.call([x, w], 1, callee)
+    (out,) = b.aiGraphcore.call([h, w], 1, callee)
+    loss = b.aiGraphcore.l1loss([out], 1.0, reduction=popart.ReductionType.Sum)
+    got, session = sgd_step(b.getModelProto(), loss, {x: X0}, w, w_sq, LR, _options(strategy))
+    return got, w_sq, session
+
+
+@pytest.mark.parametrize("strategy", ADD, ids=[s.name for s in ADD])
+def test_one_callee_called_twice(strategy):
+    """Two Calls of one subgraph builder: each Call gets its own copy of the body at import,
+    so each returns its own forward values to its own gradient; the step equals torch's."""
+    got, w_sq, session = _train_called_twice(strategy)
+    forward = [op for op in session.getIr().main.ops.values()
+               if op.op_type == "Call" and op.grad_of is None]
+    assert len(forward) == 2 and all(len(op.outputs) > 1 for op in forward)
+    assert forward[0].attrs.callee.graph is not forward[1].attrs.callee.graph
+    w = torch.tensor(w_sq, dtype=torch.float64, requires_grad=True)
+    h = torch.tensor(X0, dtype=torch.float64)
+    for _ in range(2):
+        h = torch.tanh(h @ w) ** 2
+    h.abs().sum().backward()
+    np.testing.assert_allclose(got, (w - LR * w.grad).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_call_gradient_drops_the_arguments_it_no_longer_reads():
+    """f(a, c) = tanh(a) * c, trained in c only: once tanh(a) comes from the forward Call,
+    the gradient (dc = dy · tanh(a)) reads neither argument, so the gradient Call takes
+    neither x nor w (nothing is kept alive until the backward for nothing); the step equals
+    torch's."""
+    def build():
+        b = popart.Builder(opsets={"ai.onnx": 11, "ai.graphcore": 1})
+        x = b.addInputTensor(popart.TensorInfo("FLOAT", [3]), "x")
+        w = b.addInitializedInputTensor(W0[:, 0].copy(), "w")
+        callee = b.createSubgraphBuilder()
+        a, c = callee.addUntypedInputTensor(), callee.addUntypedInputTensor()
+        callee.addOutputTensor(callee.aiOnnx.mul([callee.aiOnnx.tanh([a]), c]))
+        (out,) = b.aiGraphcore.call([x, w], 1, callee)
+        return b, x, w, b.aiGraphcore.l1loss([out], 1.0, reduction=popart.ReductionType.Sum)
+
+    x0, w0 = X0[0], W0[:, 0].copy()
+    runs = {}
+    for strategy in (S.RecomputeAllNonInputs, S.SafeAddFwdOutputs):
+        b, x, w, loss = build()
+        runs[strategy] = sgd_step(b.getModelProto(), loss, {x: x0}, w, w0, LR,
+                                  _options(strategy))
+    want = w0 - LR * np.sign(np.tanh(x0) * w0) * np.tanh(x0)
+    for got, _ in runs.values():
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    _, base_grad = _subgraph_ops(runs[S.RecomputeAllNonInputs][1])
+    _, grad = _subgraph_ops(runs[S.SafeAddFwdOutputs][1])
+    assert {"x", "w"} <= {t.id for t in base_grad.inputs}
+    assert not {"x", "w"} & {t.id for t in grad.inputs}
+    assert grad.attrs.callee.formal == []

@@ -378,10 +378,14 @@ def test_attention_without_guard_and_input_mask_keeps_nan_rows(fully_masked):
     check_against_ort(model, feeds, ours)
 
 
-def test_attention_without_guard_and_input_mask_is_left_alone_in_training():
-    """Training has no NaN-row epilogue (the flash backward would see it): no fusion."""
+@pytest.mark.parametrize("fully_masked", [True, False])
+def test_attention_without_guard_and_input_mask_keeps_nan_rows_in_training(fully_masked):
+    """The training fusion (flash kernel with saved log-sum-exp) restores the NaN rows too;
+    its gradients against torch, NaN rows included, are in test_training_fusions.py."""
     model, feeds = _attention_model(False, "input", False, True)
-    feeds["mask"][0] = 0.0
+    if not fully_masked:
+        feeds["mask"][0] = 0.0
     ops, ours = fuse_and_run(model, feeds, [FuseAttention(training=True)])
-    assert "Attention" not in ops and ops["Softmax"] == 1
+    assert ops["Attention"] == 1 and "Softmax" not in ops
+    assert np.isnan(ours["y"][0]).all() == fully_masked and not np.isnan(ours["y"][1]).any()
     check_against_ort(model, feeds, ours)

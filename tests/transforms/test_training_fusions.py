@@ -52,9 +52,10 @@ def _f32(name, value):
     return helper.make_node("Constant", [], [name], value=tensor)
 
 
-def _model(params, r: np.ndarray, weighted_mask: bool) -> bytes:
+def _model(params, r: np.ndarray, weighted_mask: bool, guarded: bool = True) -> bytes:
     """An encoder block written the way the dynamo exporter writes it, then
-    IdentityLoss(mean(y * r))."""
+    IdentityLoss(mean(y * r)); ``guarded=False`` drops the exporter's NaN guard after the
+    Softmax (as eager attention code written out by hand exports)."""
     n = helper.make_node
     inits = [numpy_helper.from_array(v, k) for k, v in params.items()]
     inits += [_int64("heads", [B, S, H, E]), _int64("k3", [B * H, S, E]),
@@ -77,8 +78,9 @@ def _model(params, r: np.ndarray, weighted_mask: bool) -> bytes:
         n("Reshape", ["krt", "k4"], ["kt"]),
         n("Mul", ["qh", "c"], ["qs"]), n("Mul", ["kt", "c"], ["ks"]),
         n("MatMul", ["qs", "ks"], ["scores"]), n("Add", ["scores", mask], ["masked"]),
-        n("Softmax", ["masked"], ["p"], axis=-1),
-        n("IsNaN", ["p"], ["nan"]), n("Where", ["nan", "zero", "p"], ["pg"]),
+        n("Softmax", ["masked"], ["p" if guarded else "pg"], axis=-1),
+        *([n("IsNaN", ["p"], ["nan"]), n("Where", ["nan", "zero", "p"], ["pg"])] if guarded
+          else []),
         n("MatMul", ["pg", "vh"], ["att"]),
         n("Transpose", ["att"], ["att_t"], perm=[0, 2, 1, 3]),
         n("Reshape", ["att_t", "merged"], ["a"]),
@@ -241,3 +243,28 @@ def test_spelled_out_layer_norm_fuses_and_trains_like_torch_F6_F50():
     for k in params:
         np.testing.assert_allclose(got[k], p[k].detach().numpy(), rtol=1e-4, atol=1e-6,
                                    err_msg=k)
+
+
+@pytest.mark.parametrize("padded", [-1e4, -np.inf])
+def test_unguarded_attention_with_an_input_mask_fuses_for_training(padded):
+    """Without the NaN guard, an attention mask fed as an input (BERT's padding mask) fuses
+    with nan_masked_rows=1 and trains as torch does; a key row masked everywhere (-inf on
+    every key of sample 1's queries) gives the NaN weights the unfused softmax gives."""
+    params, feeds = _params(), _feeds(padded)
+    if padded == -np.inf:
+        feeds["mask"][1] = -np.inf  # every key of sample 1: its rows are fully masked
+    r = np.random.default_rng(2).standard_normal((B, S, D)).astype(np.float32)
+    session = _session(_model(params, r, False, guarded=False))
+    attention = [op for op in session.getIr().main.ops.values() if op.op_type == "Attention"]
+    assert len(attention) == 1 and attention[0].attrs.nan_masked_rows == 1
+    anchors = session.initAnchorArrays()
+    session.run(popart.PyStepIO(feeds, anchors))
+    session.weightsToHost()
+    got = {k: np.zeros(session.getInfo(k).shape(), np.float32) for k in params}
+    session.readWeights(popart.PyWeightsIO(got))
+    want = _torch_train(params, feeds, r, 1, False)
+    for k in params:
+        assert np.array_equal(np.isnan(got[k]), np.isnan(want[k])), k
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    if padded == -np.inf:
+        assert any(np.isnan(v).any() for v in got.values())
