@@ -29,7 +29,9 @@ within a cycle, which a single order does not describe.
 
 The arenas of a plan are allocated when the plan binds a replica's slots (``bind``), one set
 per replica, with ``torch.empty`` (pages are touched at the first write) and reused by every
-later step. ``enabled`` (module flag) turns the whole thing off, for tests comparing both.
+later step. An output that ``device/layout.py`` takes to be channels-last gets a channels-last
+view of its bytes (the same bytes, other strides). ``enabled`` (module flag) turns the whole
+thing off, for tests comparing both.
 """
 
 from __future__ import annotations

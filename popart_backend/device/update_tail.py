@@ -55,8 +55,17 @@ def _qualifies(op, ins) -> bool:
 class UpdateTail:
     """The trailing SGD updates of a plan's Normal fragment (module doc)."""
 
-    __slots__ = ("body", "steps", "_ops", "_weights", "_grads", "_velocities", "_outs",
-                 "_frees", "_dynamic")
+    __slots__ = (
+        "_dynamic",
+        "_frees",
+        "_grads",
+        "_ops",
+        "_outs",
+        "_velocities",
+        "_weights",
+        "body",
+        "steps",
+    )
 
     def __init__(self, body: list[tuple], steps: list[tuple]):
         self.body, self.steps = body, steps
