@@ -20,7 +20,12 @@ Variable values become backend OPTIMIZER_PARAM tensors, so ``setOptimizer`` chan
 ``updateOptimizerFromHost`` (no recompile); changing a constant is an ``Error``.
 
 Weights that must not change (parameters with ``requires_grad=False``, float buffers that are
-not BatchNorm running statistics) get ``lr = 0`` and ``weight_decay = 0`` as constants.
+not BatchNorm running statistics nor updated in place by ``forward``) are frozen, as in eager
+torch: ``mark_frozen`` writes them into the model as ``__frozen_variable:<id>`` metadata, and
+the backend grows no gradient, update, optimizer state, accumulator or all-reduce for them.
+They stay device weights: ``copyWeightsToDevice`` / ``load_state_dict`` still write them.
+Unfreezing one (``requires_grad=True``) after compiling needs a new wrapper (``setOptimizer``
+refuses the changed set of trained parameters).
 
 Optimizer state moves between the device tensors (``Accl___<w>``, ``Accl1___<w>``, ...,
 ``Step___<w>``, named as docs/training.md fixes) and torch's per-parameter state
@@ -42,7 +47,7 @@ import torch
 from . import optim as lite
 from .errors import Error
 
-__all__ = ["Translation", "translate", "check_replacement", "StateSlot"]
+__all__ = ["Translation", "translate", "check_replacement", "mark_frozen", "StateSlot"]
 
 _SGD_KEYS = {"lr": "learningRate", "momentum": "momentum", "dampening": "dampening",
              "weight_decay": "weightDecay", "nesterov": "nesterov",
@@ -65,6 +70,8 @@ _LOGGED: set[str] = set()
 _TORCH_CLASSES = (torch.optim.SGD, torch.optim.AdamW, torch.optim.Adam, torch.optim.RMSprop,
                   torch.optim.Adagrad)
 _LITE_CLASSES = (lite.SGD, lite.Adam, lite.AdamW, lite.RMSprop, lite.LAMB)
+# The backend's model metadata key of a variable that is not trained (its importer reads it).
+_FROZEN_KEY_PREFIX = "__frozen_variable:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +98,7 @@ class Translation:
     weights: dict[str, torch.Tensor]  # trained backend weight id -> parameter
     state: dict[str, list[StateSlot]]  # backend weight id -> its state slots
     internal_state: dict[str, list[str]]  # backend weight id -> device-only counters
+    frozen: list[str] = dataclasses.field(default_factory=list)  # untrained float weight ids
 
     def describe(self, group: int, attr: str) -> str:
         return f"param_groups[{group}]['{attr}']"
@@ -192,15 +200,24 @@ def translate(optimizer, model: torch.nn.Module, weights: dict[str, str],
             backend.insertSpecific(backend_id, {k[len("default"):][0].lower()
                                                 + k[len("default") + 1:]: v
                                                 for k, v in specific.items()})
-    for backend_id in frozen:
-        backend.insertSpecific(backend_id, {"learningRate": (0.0, True),
-                                            "weightDecay": (0.0, True)})
     state, internal = {}, {}
     for backend_id, param in trained.items():
         index = param_group[id(param)]
         state[backend_id], internal[backend_id] = _state_slots(
             kind, backend_id, {a: values[(index, a)] for a in attrs}, optimizer)
-    return Translation(backend, family, kind, values, trained, state, internal)
+    return Translation(backend, family, kind, values, trained, state, internal, sorted(frozen))
+
+
+def mark_frozen(proto, frozen: list[str]) -> None:
+    """Write the frozen weights of a translation into the ONNX model's metadata (replacing
+    marks from an earlier call), so the backend does not train them."""
+    kept = [p for p in proto.metadata_props if not p.key.startswith(_FROZEN_KEY_PREFIX)]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
+    initializers = {i.name for i in proto.graph.initializer}
+    for backend_id in frozen:
+        if backend_id in initializers:  # (a weight the export folded away needs no mark)
+            proto.metadata_props.add(key=_FROZEN_KEY_PREFIX + backend_id, value="1")
 
 
 def check_replacement(old: Translation, new: Translation, optimizer) -> None:

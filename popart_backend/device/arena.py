@@ -17,7 +17,8 @@ allocation, so the plan is safe by construction rather than by cleverness):
   inter-stage copy nor persistent;
 - the output is an op-produced (ACT_GRAD) tensor of a static, non-empty shape and a dtype
   torch writes with ``out=`` (float16/32/64, bfloat16, int32/64), the same dtype as every data
-  input (the const inputs, e.g. axes, aside);
+  input (the const inputs, e.g. axes, aside), except that a floating-point output may have
+  integer inputs (labels, gather indices: they select, they are not written);
 - it is not kept (anchors, persistent tensors, a body's outputs: the host reads them after a
   run, so no later step may overwrite them), and no view or in-place alias of it is kept;
 - it and every alias of it are read in the fragment (``ExecutionContext``) that produced it.
@@ -58,6 +59,8 @@ _ALIGN_BYTES = 64
 
 _DTYPES = frozenset({DataType.FLOAT, DataType.FLOAT16, DataType.DOUBLE, DataType.BFLOAT16,
                      DataType.INT32, DataType.INT64})
+# Integer inputs a floating-point output may have (labels, indices; held as int64 if uint32).
+_INDEX_DTYPES = frozenset({DataType.INT32, DataType.INT64, DataType.UINT32})
 
 
 @dataclass(frozen=True)
@@ -115,8 +118,11 @@ def _eligible(op: Op, ins: tuple, outs: tuple, keep: set[int]) -> bool:
         return False
     if any(not isinstance(n, int) or n < 0 for n in info.shape) or info.nelms == 0:
         return False
+    floating = info.dtype.torch.is_floating_point
     for i, t in enumerate(op.inputs):
-        if t is not None and i not in op.const_inputs and t.info.dtype is not info.dtype:
+        if t is None or i in op.const_inputs or t.info.dtype is info.dtype:
+            continue
+        if not (floating and t.info.dtype in _INDEX_DTYPES):
             return False
     return kernel_for(op) == op.kernel and _into_matches_kernel(type(op))
 

@@ -58,6 +58,10 @@ from .tensor_data import check_model_bounds, tensor_value
 from .value_io import ValueIO
 
 _log = logging.getLogger("popart:ir")
+# Model metadata "__frozen_variable:<initializer name>" = "1": a variable that is not trained
+# (Ir.frozen_variables). poptorch_lite writes it for requires_grad=False parameters and
+# read-only float buffers; a model without it trains every float variable, as PopART.
+FROZEN_VARIABLE_KEY_PREFIX = "__frozen_variable:"
 
 # Node attributes the Builder / frontend write for placement; not op attributes.
 ANNOTATION_PREFIX = "__"
@@ -265,6 +269,7 @@ def import_model(
         if init.name in state:
             tensor.role = TensorRole.RUNNING_STAT  # state the graph updates: never trained
         initializer_names.add(init.name)
+    ir.frozen_variables = _frozen_variables(proto, graph)
     for value_info in proto.graph.input:
         if value_info.name in initializer_names:
             continue
@@ -283,6 +288,27 @@ def import_model(
         graph.outputs.append(out.name)
     _log.debug("imported %d ops, %d tensors", len(graph.ops), len(graph.tensors))
     return ir
+
+
+def _frozen_variables(proto, graph) -> frozenset[str]:
+    """The variables the model's ``__frozen_variable:`` metadata marks as not trained. A marked
+    initializer imported as a constant is not trained anyway; a mark naming no initializer or
+    with a value other than "1" is a ModelError."""
+    frozen = set()
+    for prop in proto.metadata_props:
+        if not prop.key.startswith(FROZEN_VARIABLE_KEY_PREFIX):
+            continue
+        name = prop.key[len(FROZEN_VARIABLE_KEY_PREFIX):]
+        tensor = graph.tensors.get(name)
+        if prop.value != "1" or tensor is None:  # read before the nodes: initializers only
+            raise ModelError(
+                f"Model metadata '{prop.key}' = '{prop.value}': a frozen-variable mark needs "
+                f"the value \"1\" and the name of an initializer of the main graph"
+                f"{'' if tensor is not None else f' (there is no tensor {name!r})'}. Remove "
+                f"the entry or fix its name.")
+        if tensor.kind is TensorKind.VARIABLE:
+            frozen.add(name)
+    return frozenset(frozen)
 
 
 def _group_variable(ir: Ir, tensor, settings, replicas: int) -> None:

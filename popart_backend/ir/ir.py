@@ -70,6 +70,12 @@ class Ir:
         # retrieval; ir/replica_grouping.py), filled by the importer: id -> GroupedVariable.
         # Their info is one replica's value; their data the host value, one entry per group.
         self.grouped_variables: dict = {}
+        # Variables the model marks as not trained (model metadata ``__frozen_variable:<id>``,
+        # written by poptorch_lite for requires_grad=False parameters and read-only float
+        # buffers), filled by the importer. Autodiff grows no gradient for them unless one is
+        # anchored, and never lists them in ``weight_grads``: no update, state, accumulator or
+        # all-reduce. They stay weights for host IO (writeWeights, weightsToHost ...).
+        self.frozen_variables: frozenset[str] = frozenset()
         # Sequence / optional values of the graph's inputs and outputs (an
         # importer.value_io.ValueIO, set by the importer; the session reads it).
         self.value_io = None

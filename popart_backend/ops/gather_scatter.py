@@ -136,10 +136,20 @@ class Gather(Op):
         self.out_shape = data.shape[: self.axis] + indices.shape + data.shape[self.axis + 1 :]
         return data.with_shape(self.out_shape)
 
+    # The static memory plan (device/arena.py): the indices are integers, the output takes
+    # the data's dtype.
+    writes_into = True
+
     def kernel(self, data, indices):
         index = torch.where(indices < 0, indices + self.size, indices).reshape(-1)
         # index_select rejects out-of-range indices; the plan re-raises naming this op.
         return torch.index_select(data, self.axis, index).reshape(self.out_shape)
+
+    def kernel_into(self, out, data, indices):
+        index = torch.where(indices < 0, indices + self.size, indices).reshape(-1)
+        rows = data.shape[:self.axis] + (index.numel(),) + data.shape[self.axis + 1:]
+        torch.index_select(data, self.axis, index, out=out.view(rows))
+        return out
 
     def grad(self, g):
         _gather_grad(g, "GatherGrad", g.output_grad(0), g.input(1), axis=self.axis)
@@ -154,9 +164,16 @@ class GatherGrad(_AxisGatherGrad):
         self.rows_shape = shape[:axis] + (indices.nelms,) + shape[axis + 1 :]
         return self.setup(dy, indices, shape[:axis] + indices.shape + shape[axis + 1 :])
 
+    writes_into = True  # the static memory plan (device/arena.py); indices are integers
+
     def kernel(self, dy, indices):
+        return self._add_into(dy.new_zeros(self.attrs.shape), dy, indices)
+
+    def kernel_into(self, out, dy, indices):
+        return self._add_into(out.zero_(), dy, indices)
+
+    def _add_into(self, dx, dy, indices):
         index = _wrap_negative(indices, self.size).reshape(-1)
-        dx = dy.new_zeros(self.attrs.shape)
         return dx.index_add_(self.attrs.axis, index, dy.reshape(self.rows_shape))
 
 
@@ -167,6 +184,7 @@ class GatherGradAdd(GatherGrad):
     transforms/fuse_grad_sum.py makes it where nothing else reads ``acc``."""
 
     modifies_inputs = (2,)
+    public = False  # made by a fusion only; not a builder op
 
     def infer(self, dy, indices, acc):
         out = super().infer(dy, indices)

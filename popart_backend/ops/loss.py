@@ -185,11 +185,15 @@ class NllGrad(GraphcoreLoss):
     """d probs: -dloss / p at the label (-dloss for log-probabilities), 0 elsewhere."""
 
     Attrs = Nll.Attrs
+    writes_into = True  # the static memory plan (device/arena.py); the labels are indices
 
     def infer(self, dloss, probs, label):
         return probs
 
     def kernel(self, dloss, probs, label):
+        return self.kernel_into(None, dloss, probs, label)
+
+    def kernel_into(self, out, dloss, probs, label):
         classes = probs.shape[-1]
         flat_label = label.reshape(-1).long()
         ignore = self.attrs.ignoreIndex
@@ -203,11 +207,12 @@ class NllGrad(GraphcoreLoss):
             per = torch.where(keep, per, 0)
             flat_label = torch.where(keep, flat_label, 0)
         # One zero-filled buffer with -dloss scattered at the labels: no one-hot temporaries.
-        dlogp = torch.zeros(flat_label.numel(), classes, dtype=probs.dtype)
+        dlogp = (torch.zeros(flat_label.numel(), classes, dtype=probs.dtype) if out is None
+                 else out.view(flat_label.numel(), classes).zero_())
         dlogp.scatter_(1, flat_label.unsqueeze(1), per.unsqueeze(1))
         if not self.attrs.inputIsLogProbability:
             dlogp.div_(probs.reshape(-1, classes))
-        return dlogp.reshape(probs.shape)
+        return dlogp.reshape(probs.shape) if out is None else out
 
 
 class OnnxLossBase(Op):
@@ -244,11 +249,13 @@ class OnnxLossBase(Op):
         )
 
 
-    def nll_backward(self, dloss, labels, weights, shape, dtype):
+    def nll_backward(self, dloss, labels, weights, shape, dtype, out=None):
         """d loss / d log-probabilities [N, C, d1..]: -weight[label] at each label (scaled by
-        dloss, and for Mean divided by the summed weights of the kept labels), 0 elsewhere."""
+        dloss, and for Mean divided by the summed weights of the kept labels), 0 elsewhere;
+        written into ``out`` when given."""
         labels, per = self.label_weights(dloss, labels, weights, dtype)
-        return torch.zeros(shape, dtype=dtype).scatter_(1, labels.unsqueeze(1), per.neg().unsqueeze(1))
+        grad = torch.zeros(shape, dtype=dtype) if out is None else out.zero_()
+        return grad.scatter_(1, labels.unsqueeze(1), per.neg().unsqueeze(1))
 
     def label_weights(self, dloss, labels, weights, dtype):
         """(labels with ignored ones set to 0, per-label factor [N, d1..]): minus the NLL
@@ -293,8 +300,13 @@ class NegativeLogLikelihoodLossGrad(OnnxLossBase):
     def infer(self, dloss, scores, labels, weights=None):
         return scores
 
+    writes_into = True  # the static memory plan (device/arena.py); labels are indices
+
     def kernel(self, dloss, scores, labels, weights=None):
         return self.nll_backward(dloss, labels, weights, scores.shape, scores.dtype)
+
+    def kernel_into(self, out, dloss, scores, labels, weights=None):
+        return self.nll_backward(dloss, labels, weights, scores.shape, scores.dtype, out)
 
 
 @register_op("SoftmaxCrossEntropyLoss", versions=(12, 13))
@@ -324,17 +336,27 @@ class SoftmaxCrossEntropyLossGrad(OnnxLossBase):
     def infer(self, dloss, scores, labels, weights=None, dlogp=None):
         return scores
 
+    # The static memory plan (device/arena.py): the labels are indices, the float output (the
+    # size of the logits: 206 MB for a GPT-2 LM head) is written into its arena buffer.
+    writes_into = True
+
     def kernel(self, dloss, scores, labels, weights=None, dlogp=None):
+        return self.kernel_into(None, dloss, scores, labels, weights, dlogp)
+
+    def kernel_into(self, out, dloss, scores, labels, weights=None, dlogp=None):
         if dlogp is None:
             # The NLL gradient g is -per at the label, 0 elsewhere, so the log-softmax backward
             # g - softmax * sum(g) is softmax * per minus per at the label: one softmax pass and
             # one scaling pass, no log-softmax recomputed and no zero-filled gradient.
             labels, per = self.label_weights(dloss, labels, weights, scores.dtype)
             per = per.unsqueeze(1)
-            probs = torch.softmax(scores, dim=1)
+            probs = (torch.softmax(scores, dim=1) if out is None
+                     else torch._softmax(scores, 1, False, out=out))
             return probs.mul_(per).scatter_add_(1, labels.unsqueeze(1), per.neg())
         logp = torch.log_softmax(scores, dim=1)
         grad = self.nll_backward(dloss, labels, weights, scores.shape, scores.dtype)
-        return torch._log_softmax_backward_data(grad.add_(dlogp), logp, 1, scores.dtype)
+        if out is None:
+            return torch._log_softmax_backward_data(grad.add_(dlogp), logp, 1, scores.dtype)
+        return torch._log_softmax_backward_data(grad.add_(dlogp), logp, 1, scores.dtype, out=out)
 
 

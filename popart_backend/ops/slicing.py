@@ -290,6 +290,11 @@ class Concat(Op):
     def kernel(self, *xs):
         return torch.cat(xs, dim=self.axis)
 
+    writes_into = True  # the static memory plan (device/arena.py)
+
+    def kernel_into(self, out, *xs):
+        return torch.cat(xs, dim=self.axis, out=out)
+
     def grad(self, g):
         sizes = [t.info.shape[self.axis] for t in self.inputs]
         parts = g.op("Split", g.output_grad(0), g.const(np.array(sizes, np.int64), "split"),

@@ -70,6 +70,16 @@ class _AxisNormalizer(Op):
     def compute(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         raise NotImplementedError
 
+    def kernel_into(self, out, x):
+        """The static memory plan (device/arena.py), for the subclasses declaring
+        ``writes_into`` and an ``into(out, x, dim)``: ``kernel`` written into ``out``."""
+        if self.settings.non_stable:  # the exp/sum form has no out= path: a fresh tensor
+            return self.kernel(x)
+        if self._coerced is None:
+            return self.into(out, x, self._dim)
+        self.into(out.view(self._coerced), x.reshape(self._coerced), 1)
+        return out
+
 
 
 class _AxisNormalizerGrad(_AxisNormalizer):
@@ -100,6 +110,15 @@ class _AxisNormalizerGrad(_AxisNormalizer):
     def backward(self, dy, y, dim):
         raise NotImplementedError
 
+    def kernel_into(self, out, dy, y):
+        """``kernel`` written into ``out`` (subclasses declaring ``writes_into`` define
+        ``backward_into(out, dy, y, dim)``)."""
+        if self._coerced is None:
+            return self.backward_into(out, dy, y, self._dim)
+        c = self._coerced
+        self.backward_into(out.view(c), dy.reshape(c), y.reshape(c), 1)
+        return out
+
 
 def _axis_grad(op: _AxisNormalizer, g, grad_type: str) -> None:
     g.set_input_grad(0, g.op(grad_type, g.output_grad(0), g.output(0), domain=AI_GRAPHCORE,
@@ -116,6 +135,11 @@ class Softmax(_AxisNormalizer):
             return e / e.sum(dim, keepdim=True)
         return torch.softmax(x, dim)
 
+    writes_into = True  # the static memory plan (device/arena.py)
+
+    def into(self, out, x, dim):
+        return torch._softmax(x, dim, False, out=out)
+
     def grad(self, g):
         _axis_grad(self, g, "SoftmaxGrad")
 
@@ -127,6 +151,11 @@ class SoftmaxGrad(_AxisNormalizerGrad):
     def backward(self, dy, y, dim):
         return torch._softmax_backward_data(dy, y, dim, y.dtype)
 
+    writes_into = True  # the static memory plan (device/arena.py)
+
+    def backward_into(self, out, dy, y, dim):
+        return torch._softmax_backward_data(dy, y, dim, y.dtype, grad_input=out)
+
 
 @register_op("LogSoftmax", versions=(1, 11, 13))
 class LogSoftmax(_AxisNormalizer):
@@ -136,6 +165,11 @@ class LogSoftmax(_AxisNormalizer):
         if self.settings.non_stable:  # SessionOptions.enableNonStableSoftmax
             return x - torch.log(torch.exp(x).sum(dim, keepdim=True))
         return torch.log_softmax(x, dim)
+
+    writes_into = True  # the static memory plan (device/arena.py)
+
+    def into(self, out, x, dim):
+        return torch._log_softmax(x, dim, False, out=out)
 
     def grad(self, g):
         _axis_grad(self, g, "LogSoftmaxGrad")
@@ -147,6 +181,11 @@ class LogSoftmaxGrad(_AxisNormalizerGrad):
 
     def backward(self, dy, y, dim):
         return torch._log_softmax_backward_data(dy, y, dim, y.dtype)
+
+    writes_into = True  # the static memory plan (device/arena.py)
+
+    def backward_into(self, out, dy, y, dim):
+        return torch._log_softmax_backward_data(dy, y, dim, y.dtype, out=out)
 
 
 @register_op("Hardmax", versions=(1, 11, 13))

@@ -154,6 +154,18 @@ def anchored_gradients(ir: Ir) -> dict[str, str]:
     return wanted
 
 
+def differentiated_variables(graph: Graph) -> set[str]:
+    """The float variables of ``graph`` whose gradient autodiff grows: every one but those the
+    model marks frozen (``Ir.frozen_variables``), unless a frozen one's gradient is anchored
+    (then it is computed and returned, but still not trained)."""
+    ir = graph.ir
+    frozen = ir.frozen_variables if ir is not None else frozenset()
+    anchored = anchored_gradients(ir) if frozen else {}
+    return {t.id for t in graph.tensors.values()
+            if t.kind is TensorKind.VARIABLE and t.info.dtype.is_float
+            and (t.id not in frozen or t.id in anchored)}
+
+
 class Autodiff:
     """Pass: add gradient ops for every trainable variable on a path to ``loss_id`` (module
     docstring); ``Ir.weight_grads`` maps each trained weight to its ``Gradient___<w>``."""
@@ -213,9 +225,11 @@ class Autodiff:
             if tensor.kind is TensorKind.VARIABLE and tensor.id in grads:
                 self.variable_grads[tensor.id] = self._named_total(grads, tensor)
                 changed = True
-        # The trained weights: running statistics and other state variables are not trained.
+        # The trained weights: running statistics, other state variables and frozen weights
+        # (an anchored gradient of one is computed, not applied) are not trained.
         ir.weight_grads = {w: g for w, g in self.variable_grads.items()
-                           if graph.tensors[w].role is TensorRole.WEIGHT}
+                           if graph.tensors[w].role is TensorRole.WEIGHT
+                           and w not in ir.frozen_variables}
         _log.debug("autodiff: gradients for %d variables", len(self.variable_grads))
         return changed
 
@@ -270,11 +284,7 @@ class Autodiff:
 
     def _forward_requires_grad(self, graph: Graph, order: list[Op],
                                wanted: dict[str, str]) -> set[str]:
-        need = {
-            t.id
-            for t in graph.tensors.values()
-            if t.kind is TensorKind.VARIABLE and t.info.dtype.is_float
-        }
+        need = differentiated_variables(graph)
         need.update(wanted)
         for op in order:
             if op.stops_gradient:

@@ -24,7 +24,8 @@ and in training the NaN gradients the unguarded softmax gives them.
 With ``training=True`` (the training pass list, before autodiff) the fused op also outputs the
 log-sum-exp of the scores (``save_stats=1``, tensor ``<y>/logsumexp``) for its gradient, torch's
 CPU flash-attention backward. Training fuses only what that kernel takes: f32 [B, H, L, E]
-operands, a mask (if any) of rank 4 that needs no gradient, and a chain on one IPU and stage.
+operands, a mask (if any) of rank 2 or 4 that needs no gradient (a constant, an input, or a
+variable the model marks frozen such as a causal-mask buffer), and a chain on one IPU and stage.
 """
 
 from __future__ import annotations
@@ -216,6 +217,7 @@ class FuseAttention:
         """What the flash-attention kernels and the fused gradient handle."""
         if q.info.rank != 4 or q.info.dtype is not DataType.FLOAT:
             return False
-        if mask is not None and (mask.info.rank != 4 or mask.id in self._needs_grad):
+        # The CPU flash kernels take a [L, S] or [B, H, L, S] mask (broadcastable).
+        if mask is not None and (mask.info.rank not in (2, 4) or mask.id in self._needs_grad):
             return False
         return same_placement(chain)

@@ -13,7 +13,7 @@ import numpy as np
 from ..ir.graph import Graph
 from ..ir.op import Op
 from ..ir.tensor import Tensor, TensorKind
-from .autodiff import GRADIENT_PREFIX
+from .autodiff import GRADIENT_PREFIX, differentiated_variables
 
 
 def only_consumer(tensor: Tensor | None, op_type: str | None = None) -> Op | None:
@@ -79,10 +79,10 @@ def same_placement(chain: Sequence[Op]) -> bool:
 
 
 def variable_dependent(graph: Graph) -> set[str]:
-    """Ids of the float tensors computed from a float VARIABLE: those autodiff may need
-    gradients of (a training fusion must keep them differentiable)."""
-    need = {t.id for t in graph.tensors.values()
-            if t.kind is TensorKind.VARIABLE and t.info.dtype.is_float}
+    """Ids of the float tensors computed from a float VARIABLE autodiff differentiates (not a
+    frozen one): those autodiff may need gradients of (a training fusion must keep them
+    differentiable)."""
+    need = differentiated_variables(graph)
     for op in graph.topo_order():
         if any(t is not None and t.id in need for t in op.inputs):
             need.update(t.id for t in op.outputs if t is not None and t.info.dtype.is_float)

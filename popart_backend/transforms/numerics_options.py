@@ -221,13 +221,14 @@ class HalfPartialLstms:
     name = "half_partial_lstms"
 
     def run(self, ir: Ir) -> bool:
-        changed = False
+        changed = lstms = False
         for graph in ir.graphs.values():
             for op in graph.ops.values():
                 if op.op_type in _OTHER_RECURRENT and op.inputs and (
                         op.inputs[0].info.dtype is DataType.FLOAT16):
                     _log_other_recurrent(op)
                 x = op.inputs[0] if op.supports_lstm_half_partials and op.inputs else None
+                lstms = lstms or x is not None
                 if x is None or op.settings.half_partials:
                     continue
                 if x.info.dtype is DataType.FLOAT16:
@@ -239,6 +240,10 @@ class HalfPartialLstms:
                                  "no effect on an LSTM with %s input: only float16 LSTMs "
                                  "accumulate in float16; it keeps float32 partials.",
                                  op.debug_name, x.info.dtype.name)
+        if not lstms and "no LSTM" not in _OTHER_RECURRENT_LOGGED:
+            _OTHER_RECURRENT_LOGGED.add("no LSTM")
+            _log.warning("SessionOptions.lstmOptions['partialsType'] = 'half' has no effect: "
+                         "the model has no LSTM.")
         return changed
 
 

@@ -345,6 +345,7 @@ class CompileMixin:
             self._optimizer, self._user_model, traced.param_map,
             self._running_stat_names() | set(traced.updated_buffers),
             variable_loss_scaling=session_options.automaticLossScalingSettings.enabled)
+        optimizer_translation.mark_frozen(traced.proto, translation.frozen)
         session = popart.TrainingSession(traced.proto, data_flow, loss_id, translation.backend,
                                          device, patterns=self._options.backend_patterns(),
                                          userOptions=session_options,

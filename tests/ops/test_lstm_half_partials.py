@@ -241,6 +241,7 @@ def test_gru_is_not_an_lstm(monkeypatch, caplog):
     np.testing.assert_array_equal(results[0], results[1])
     logged = [r for r in caplog.records if "no effect on a GRU" in r.getMessage()]
     assert len(logged) == 1 and "lstmOptions" in logged[0].getMessage()
+    assert sum("the model has no LSTM" in r.getMessage() for r in caplog.records) == 1
 
 
 def _row_reference(x, w, r, b, lens, h0, c0, p, mm):
