@@ -242,6 +242,13 @@ INTO_CASES = [
     ("Gelu", [_f(4, 6)], {"approximate": "tanh"}, {"opset": 20}),
     ("ReduceSum", [_f(4, 6, 3), np.array([0, 2], np.int64)], {"keepdims": 0}, {"const": [1]}),
     ("ReduceMean", [_f(4, 6, 3)], {"axes": [1]}, {}),
+    # Integer index inputs do not keep a float output out of the arena.
+    ("Gather", [_f(7, 5), np.array([[3, -1, 0], [6, 6, 2]], np.int64)], {"axis": 0}, {}),
+    ("Gather", [_f(4, 7, 2), np.array([1, 5, -7], np.int32)], {"axis": 1}, {}),
+    ("Concat", [_f(4, 2, 3), _f(4, 5, 3, seed=1), _f(4, 1, 3, seed=2)], {"axis": 1}, {}),
+    ("Softmax", [_f(4, 6, 3)], {"axis": 1}, {}),
+    ("Softmax", [_f(4, 6, 3)], {"axis": 1}, {"opset": 11}),  # coerced to 2-D
+    ("LogSoftmax", [_f(4, 6)], {"axis": -1}, {}),
 ]
 
 
@@ -253,7 +260,8 @@ def test_into_kernel_matches_the_kernel_bit_for_bit(op_type, inputs, attrs, extr
     opset = extra.get("opset", 13)
     const = extra.get("const", [])
     names = [f"in{i}" for i in range(len(inputs))]
-    types = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int32): TensorProto.INT32}
+    types = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int32): TensorProto.INT32,
+             np.dtype(np.int64): TensorProto.INT64}
     node = helper.make_node(op_type, names, ["t"], **attrs)
     graph = helper.make_graph(
         [node, helper.make_node("Neg", ["t"], ["y"])], "one",
@@ -284,11 +292,11 @@ def test_into_kernel_matches_the_kernel_bit_for_bit(op_type, inputs, attrs, extr
             assert written.data_ptr() == plan.values[ins[0]].data_ptr()
         results.append(plan.get_value("y").clone())
     assert results[0].dtype == results[1].dtype and torch.equal(results[0], results[1])
-    reference = _reference(op_type, [torch.from_numpy(v) for v in inputs], attrs)
+    reference = _reference(op_type, [torch.from_numpy(v) for v in inputs], attrs, opset)
     torch.testing.assert_close(results[0], -reference, rtol=1e-6, atol=1e-6)
 
 
-def _reference(op_type, xs, attrs):
+def _reference(op_type, xs, attrs, opset=13):
     if op_type == "MatMul":
         return torch.from_numpy(np.matmul(xs[0].numpy(), xs[1].numpy()))
     if op_type == "Gemm":
@@ -308,4 +316,24 @@ def _reference(op_type, xs, attrs):
         return torch.nn.functional.gelu(xs[0], approximate=attrs["approximate"])
     if op_type == "ReduceSum":
         return xs[0].sum(dim=tuple(xs[1].tolist()))
+    if op_type == "Gather":
+        data, index = xs
+        axis = attrs["axis"]
+        index = torch.where(index < 0, index + data.shape[axis], index).long()
+        return torch.from_numpy(np.take(data.numpy(), index.numpy(), axis=axis))
+    if op_type == "Concat":
+        return torch.from_numpy(np.concatenate([x.numpy() for x in xs], axis=attrs["axis"]))
+    if op_type == "Softmax":  # along axis 1 of a 3-D input
+        x = xs[0].numpy().astype(np.float64)
+        if opset < 13:  # coerced to 2-D: one softmax over the flattened trailing dims
+            rows = x.reshape(x.shape[0], -1)
+            e = np.exp(rows - rows.max(1, keepdims=True))
+            return torch.from_numpy((e / e.sum(1, keepdims=True)).reshape(x.shape).astype(np.float32))
+        e = np.exp(x - x.max(1, keepdims=True))
+        return torch.from_numpy((e / e.sum(1, keepdims=True)).astype(np.float32))
+    if op_type == "LogSoftmax":
+        x = xs[0].numpy().astype(np.float64)
+        shifted = x - x.max(-1, keepdims=True)
+        return torch.from_numpy((shifted - np.log(np.exp(shifted).sum(-1, keepdims=True)))
+                                .astype(np.float32))
     return xs[0].mean(dim=1, keepdim=True)
