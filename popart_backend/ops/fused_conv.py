@@ -26,28 +26,10 @@ import torch
 from ..ir.op import Op
 from .fused import FUSED_DOMAIN, FusedOp, _check_activation
 from .registry import register_op
-
-# Folded pairs kept per op: one per replica (each replica holds its own weight tensors).
-_MAX_CACHED = 16
-
-
-def _stamp(tensors) -> tuple | None:
-    """(tensor, version) pairs identifying the current values of ``tensors``; None when a
-    tensor has no version counter (an inference-mode tensor), which disables the cache."""
-    stamp = []
-    for t in tensors:
-        if t is None:
-            stamp.append((None, 0))
-            continue
-        if t.is_inference():
-            return None
-        stamp.append((t, t._version))
-    return tuple(stamp)
-
-
-def _same(a: tuple, b: tuple) -> bool:
-    # Identity and version: the cache holds the tensors, so an id cannot be reused meanwhile.
-    return all(x is y and vx == vy for (x, vx), (y, vy) in zip(a, b))
+from .weight_cache import MAX_CACHED as _MAX_CACHED
+from .weight_cache import same as _same
+from .weight_cache import stamp as _stamp
+from .weight_cache import stamps_first
 
 
 @register_op("ConvBatchNorm", versions=(1,), domain=FUSED_DOMAIN)
@@ -107,7 +89,7 @@ class ConvBatchNorm(FusedOp):
         if stamp is not None:
             # Drop the entries of these same weight tensors (now stale), keep the others (other
             # replicas'). One assignment: replicas running in threads see either list.
-            entries = [e for e in self._folded if e[0][0][0] is not w]
+            entries = [e for e in self._folded if not stamps_first(e[0], stamp)]
             self._folded = [(stamp, w_new, b_new)] + entries[: _MAX_CACHED - 1]
         return w_new, b_new
 

@@ -5,7 +5,8 @@ which creates ordinary IR ops. Gradients of every trainable variable end in tens
 ``Gradient___<variable id>``, so they can be anchored like any tensor (F35). The gradient of
 any other tensor (a stream input, an activation) is grown and named ``Gradient___<id>`` only
 when ``Ir.anchors`` asks for it: inputs need no update, so nothing computes their gradient
-otherwise.
+otherwise. Variables the model marks frozen (``Ir.frozen_variables``) are treated like inputs:
+no gradient unless anchored, and never in ``Ir.weight_grads`` (not trained).
 
 Before:  y = MatMul(x, w)           After:   y = MatMul(x, w)
          loss = IdentityLoss(y)              loss = IdentityLoss(y)

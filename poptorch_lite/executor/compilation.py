@@ -71,6 +71,8 @@ class _Executable:
         self.buffer_layout: list[tuple[str, torch.nn.Module, tuple[str, ...]]] = []
         # The buffer tensors themselves: a buffer reassigned on the host is caught too.
         self.buffer_tensors: dict[str, torch.Tensor] = {}
+        # Training: (name, parameter, requires_grad when compiled); see check_buffers.
+        self.grad_flags: list[tuple[str, torch.nn.Parameter, bool]] = []
         # Per distinct output name: (name, host shape or None when the anchor array has it
         # already, narrowed dtype or None), built on the first run from the anchor arrays
         # (their sizes are fixed by the compiled session).
@@ -164,6 +166,9 @@ class CompileMixin:
         executable.buffer_layout = [(path, m, tuple(m._buffers))
                                     for path, m in self._user_model.named_modules()]
         executable.buffer_tensors = dict(self._user_model.named_buffers())
+        if translation is not None:  # training: which parameters the compiled model trains
+            executable.grad_flags = [(name, p, p.requires_grad) for name, p
+                                     in torch.nn.Module.named_parameters(self._user_model)]
         self.__dict__["_compile_seconds"] = time.monotonic() - start
         _log.info("compiled the %s model in %.2f s", kind, self._compile_seconds)
         if not self._offline():
@@ -442,8 +447,19 @@ def _anchor_art(mode: OutputMode, period: int, n: int, what: str, io_strategy=No
 
 
 def check_buffers(executable: _Executable) -> None:
-    """Raise Error when the model's buffers were registered or removed after compiling:
-    the compiled executable would silently ignore the change."""
+    """Raise Error when the model's buffers were registered or removed after compiling, or a
+    parameter's ``requires_grad`` changed since a training model was compiled: the compiled
+    executable would silently ignore the change."""
+    changed = [name for name, param, flag in executable.grad_flags
+               if param.requires_grad != flag]
+    if changed:
+        now = executable.grad_flags[[n for n, _, _ in executable.grad_flags].index(changed[0])]
+        raise Error(
+            f"requires_grad of {', '.join(repr(n) for n in changed)} changed after the "
+            f"training model was compiled (e.g. '{changed[0]}' was {now[2]}, is "
+            f"{not now[2]}); the compiled model still trains the parameters it was compiled "
+            f"with. Set requires_grad before the first call, or wrap the model in a new "
+            f"wrapper (destroy() this one first).", type="requires_grad_changed")
     for path, module, names in executable.buffer_layout:
         current = tuple(module._buffers)
         if current != names:

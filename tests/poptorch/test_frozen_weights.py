@@ -28,8 +28,9 @@ class _Frozen(nn.Module):
     """A frozen first layer weight, a float buffer scaling the hidden units, and a counter
     buffer updated in place in forward."""
 
-    def __init__(self, freeze: bool = True):
+    def __init__(self, freeze: bool = True, count: bool = True):
         super().__init__()
+        self.count = count
         torch.manual_seed(3)
         self.fc1, self.fc2 = nn.Linear(6, 8), nn.Linear(8, 4)
         self.fc1.weight.requires_grad_(not freeze)
@@ -37,8 +38,9 @@ class _Frozen(nn.Module):
         self.register_buffer("calls", torch.zeros(()))
 
     def forward(self, x, y):
-        with torch.no_grad():
-            self.calls += 1.0
+        if self.count:
+            with torch.no_grad():
+                self.calls += 1.0
         logits = self.fc2(F.relu(self.fc1(x) * self.scale))
         return logits, F.cross_entropy(logits, y)
 
@@ -58,7 +60,7 @@ def _train(model, make_optimizer, batches=BATCHES):
     optimizer = make_optimizer(model.parameters())
     wrapper = poptorch.trainingModel(model, poptorch.Options(), optimizer)
     for x, y in batches:
-        out, loss = wrapper(x, y)
+        out, _ = wrapper(x, y)
         ref_optimizer.zero_grad()
         ref_out, ref_loss = reference(x, y)
         ref_loss.backward()
@@ -161,7 +163,65 @@ def test_unfreezing_after_compile_needs_a_new_wrapper():
     model.fc1.weight.requires_grad_(True)
     with pytest.raises(poptorch.Error, match="different parameters.*new wrapper"):
         wrapper.setOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    with pytest.raises(poptorch.Error, match="requires_grad of 'fc1.weight' changed"):
+        wrapper(*BATCHES[1])  # a call would keep training the compiled set: refused
+    model.fc1.weight.requires_grad_(False)
+    wrapper(*BATCHES[1])  # back as compiled: runs
+    model.fc1.weight.requires_grad_(True)
     wrapper.destroy()
     # A new wrapper trains the unfrozen weight like eager.
     compare_training(model, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
                      BATCHES[1:])[0].destroy()
+
+
+def _accumulation():
+    opts = poptorch.Options().deviceIterations(2)
+    opts.Training.gradientAccumulation(2)
+    return opts, None
+
+
+def _replication():
+    return poptorch.Options().replicationFactor(2), None
+
+
+def _pipelined():
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(4)
+    return opts, lambda model: poptorch.BeginBlock(model.fc2, "second", ipu_id=1)
+
+
+@pytest.mark.parametrize("setup", [_accumulation, _replication, _pipelined],
+                         ids=["accumulation", "replication", "pipelined"])
+def test_frozen_weights_with_accumulation_replication_and_pipelining(setup):
+    """No accumulator, all-reduce or pipelined update for the frozen weights; the trained
+    ones equal eager (the reference runs the same micro-batches and mean reduction)."""
+    model = _Frozen(count=False)
+    opts, annotate = setup()
+    if annotate is not None:
+        annotate(model)
+    wrapper, _, _ = compare_training(
+        model, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+        classification_batches(2, 8, (6,), 4, seed=22), opts,
+        check_outputs=setup is not _replication)  # (per-replica losses; weights compared)
+    names = wrapper.getTensorNames()
+    for tid in ("fc1.weight", "scale"):
+        assert not [n for n in names if tid in n and n != tid and not n.startswith("fwd")], tid
+    wrapper.destroy()
+
+
+def test_anchored_gradient_of_a_frozen_parameter_is_returned_not_applied():
+    """Options.anchorTensor of a frozen weight's gradient: computed (as eager's gradient of
+    that tensor would be), the weight stays unchanged."""
+    model = _Frozen(count=False)
+    start = model.fc1.weight.detach().clone()
+    opts = poptorch.Options().anchorTensor("g", "Gradient___fc1.weight")
+    wrapper = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = BATCHES[0]
+    reference = copy.deepcopy(model)
+    reference.fc1.weight.requires_grad_(True)
+    reference(x, y)[1].backward()
+    wrapper(x, y)
+    assert_allclose(actual=wrapper.getAnchoredTensor("g"), expected=reference.fc1.weight.grad,
+                    rtol=1e-4, atol=1e-6)
+    assert torch.equal(model.fc1.weight.detach(), start)
+    wrapper.destroy()

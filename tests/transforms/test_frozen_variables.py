@@ -98,7 +98,7 @@ def test_frozen_variable_trains_like_eager_without_gradient_update_or_state():
     session, ids, x = _session(frozen=["b"])
     _run(session, x, 3)
     got = _read(session, [ids["w"], ids["b"]])
-    w, b, _ = _torch(3, frozen_b=True)
+    w, _, _ = _torch(3, frozen_b=True)
     np.testing.assert_allclose(got[ids["w"]], w, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(got[ids["b"]], B0)
     assert session.getIr().frozen_variables == frozenset({ids["b"]})
