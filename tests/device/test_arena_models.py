@@ -12,8 +12,6 @@ torch gives it no ``out=`` path.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -23,8 +21,9 @@ from torch.profiler import ProfilerActivity, profile, record_function
 import poptorch_lite as poptorch
 from popart_backend.device import arena
 from popart_backend.ir.op import Op
+from tests.tiny_transformers import BATCH, D, SEQ, TinyBert, TinyGpt2
 
-V, D, HEADS, SEQ, BATCH = 600, 16, 2, 8, 3  # logits: 24 x 600 floats (57.6 KB)
+V = 600  # logits: 24 x 600 floats (57.6 KB)
 
 
 def _op_classes(cls=Op):
@@ -68,64 +67,12 @@ def _allocations(prof) -> list[tuple[str, str, int]]:
     return found
 
 
-class _Attention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.qkv, self.out = nn.Linear(D, 3 * D), nn.Linear(D, D)
-
-    def forward(self, x, mask):
-        b, s, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=-1)
-        q, k, v = (t.reshape(b, s, HEADS, d // HEADS).transpose(1, 2) for t in (q, k, v))
-        scores = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(d // HEADS)) + mask
-        return self.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, d))
+def _bert():
+    return TinyBert(V)
 
 
-class _Block(nn.Module):
-    def __init__(self, pre_norm: bool):
-        super().__init__()
-        self.attn, self.ln1, self.ln2 = _Attention(), nn.LayerNorm(D), nn.LayerNorm(D)
-        self.fc1, self.fc2 = nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
-        self.pre_norm = pre_norm
-
-    def forward(self, x, mask):
-        act = "tanh" if self.pre_norm else "none"
-        if self.pre_norm:
-            x = x + self.attn(self.ln1(x), mask)
-            return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate=act))
-        x = self.ln1(x + self.attn(x, mask))
-        return self.ln2(x + self.fc2(F.gelu(self.fc1(x), approximate=act)))
-
-
-class _Bert(nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.tok, self.pos, self.ln = nn.Embedding(V, D), nn.Embedding(SEQ, D), nn.LayerNorm(D)
-        self.block, self.head = _Block(False), nn.Linear(D, 5)
-        self.register_buffer("positions", torch.arange(SEQ), persistent=False)
-
-    def forward(self, ids, attention_mask, labels):
-        mask = (1.0 - attention_mask[:, None, None, :].float()) * -10000.0
-        x = self.block(self.ln(self.tok(ids) + self.pos(self.positions)), mask)
-        logits = self.head(x[:, 0])
-        return logits, F.cross_entropy(logits, labels)
-
-
-class _Gpt2(nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.tok, self.pos = nn.Embedding(V, D), nn.Embedding(SEQ, D)
-        self.block, self.ln = _Block(True), nn.LayerNorm(D)
-        self.register_buffer("positions", torch.arange(SEQ), persistent=False)
-        causal = torch.full((SEQ, SEQ), float("-inf")).triu(1)
-        self.register_buffer("causal", causal, persistent=False)
-
-    def forward(self, ids, labels):
-        x = self.ln(self.block(self.tok(ids) + self.pos(self.positions), self.causal))
-        logits = x @ self.tok.weight.t()  # tied LM head
-        return logits, F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1))
+def _gpt2():
+    return TinyGpt2(V)
 
 
 class _Cnn(nn.Module):
@@ -189,9 +136,9 @@ ALLOWED = {
 
 
 @pytest.mark.parametrize("name, model, batch, large", [
-    ("gpt2", _Gpt2, _gpt2_batch, LOGITS // 4),
+    ("gpt2", _gpt2, _gpt2_batch, LOGITS // 4),
     # BERT: the tied/untied embedding gradient [V, D] and the gathers are the large tensors.
-    ("bert", _Bert, _bert_batch, V * D * 4 // 2),
+    ("bert", _bert, _bert_batch, V * D * 4 // 2),
 ])
 def test_transformer_training_steps_allocate_no_large_tensor(labelled_kernels, name, model,
                                                              batch, large):
@@ -214,7 +161,7 @@ def test_transformer_training_steps_allocate_no_large_tensor(labelled_kernels, n
 def test_gpt2_cross_entropy_gradient_is_written_into_the_arena(labelled_kernels):
     """The one-output cross-entropy gradient (float [N, V] from integer labels) has an arena
     buffer and its into-kernel returns it: no allocation of the logits' size under it."""
-    wrapper, found = _steady_allocations(_Gpt2(), _gpt2_batch())
+    wrapper, found = _steady_allocations(_gpt2(), _gpt2_batch())
     plan = wrapper._active.session._device.plan
     grads = [s for s in plan.steps if s[5].op_type == "SoftmaxCrossEntropyLossGrad"]
     assert len(grads) == 1 and grads[0][2] in plan.buffer_slots
@@ -249,13 +196,13 @@ def _train(model, batches, use_arena):
 
 def test_gpt2_training_is_bit_identical_with_and_without_the_arena():
     batches = [_gpt2_batch()] * 3
-    on_losses, on_state = _train(_Gpt2(), batches, True)
-    off_losses, off_state = _train(_Gpt2(), batches, False)
+    on_losses, on_state = _train(_gpt2(), batches, True)
+    off_losses, off_state = _train(_gpt2(), batches, False)
     assert on_losses == off_losses
     for k in on_state:
         assert torch.equal(on_state[k], off_state[k]), k
     ids, labels = batches[0]
-    torch.testing.assert_close(torch.tensor(on_losses[0]), _Gpt2()(ids, labels)[1].detach(),
+    torch.testing.assert_close(torch.tensor(on_losses[0]), _gpt2()(ids, labels)[1].detach(),
                                rtol=1e-5, atol=1e-5)
     assert on_losses[-1] < on_losses[0]
 
@@ -264,7 +211,7 @@ def test_tied_embedding_update_runs_in_the_fused_sgd_tail():
     """GatherGradAdd adds the token gradients into the LM head's weight gradient in place; the
     summed gradient is an ordinary output, so the tied weight's SGDUpdate is in the fused tail
     with every other weight (one ``_fused_sgd_`` call per step, no separate adds)."""
-    wrapper = _wrapper(_Gpt2())
+    wrapper = _wrapper(_gpt2())
     batch = _gpt2_batch()
     wrapper(*batch)
     device = wrapper._active.session._device
