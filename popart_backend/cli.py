@@ -1,5 +1,4 @@
 """``python -m popart_backend`` / ``popart-sim``: will this ONNX model fit, and how fast is a step?
-(issue #6 item 10)
 
 The tool compiles the model for an offline (compile-only) simulated device with the given IPU
 count, tiles, IPU version, batch settings and options, and prints whether every IPU's SRAM holds

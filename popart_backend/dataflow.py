@@ -376,7 +376,7 @@ class PyStepIOCallback(IStepIO):
     ``input_complete_callback(id)``, ``output_callback(id) -> ndarray`` to fill,
     ``output_complete_callback(id)``.
 
-    A sequence input or output (issue #7) is called back by its ONNX name with a list of
+    A sequence input or output is called back by its ONNX name with a list of
     arrays, one per element, per micro-batch; an absent optional is never called back
     (``importer/value_io.py`` module docstring).
     """

@@ -1,4 +1,4 @@
-"""Progress bars for long calls (issue #6 item 9): the IR passes of a session's construction,
+"""Progress bars for long calls: the IR passes of a session's construction,
 ``prepareDevice()`` and the micro-batches of ``run()``.
 
 Bars are drawn by tqdm on stderr. ``POPART_PROGRESS`` chooses when:

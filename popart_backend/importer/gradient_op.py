@@ -1,4 +1,4 @@
-"""The ai.onnx.preview.training Gradient op, built at import from our autodiff (issue #7).
+"""The ai.onnx.preview.training Gradient op, built at import from our autodiff.
 
 ``dy/dx, ... = Gradient[xs, zs, y](x values..., z values...)`` names the graph to differentiate
 by tensor ids: y as a function of the independent tensors xs and zs. The importer copies the

@@ -1,4 +1,4 @@
-"""Sequence and optional graph inputs and outputs of a session (issue #7).
+"""Sequence and optional graph inputs and outputs of a session.
 
 The importer (``sequences.StaticSequences``) binds a sequence input of n elements to n host
 streams ``name[0]`` ... ``name[n-1]`` and a sequence output to n anchored tensors, and records

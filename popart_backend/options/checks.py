@@ -132,8 +132,7 @@ OPTION_STATUS: dict[str, OptionStatus | ByMode] = {
         "constraints that help Poplar achieve that are not modelled"),
     "experimentalSettings": no_effect(
         "host-transferable tensors have no tile-layout offset in the simulator"),
-    # VirtualGraphMode.ExecutionPhases is rejected by the virtual-graph pass (issue #6).
-    "virtualGraphMode": BUILT,
+    "virtualGraphMode": BUILT,  # every mode, ExecutionPhases included (execution_phases.py)
     "virtualGraphSplitRatios": BUILT,  # VirtualGraphMode.Auto (transforms/virtual_graphs.py)
     "enablePipelining": BUILT,
     # Replicas hold their own state; gradients are all-reduced (transforms/replication.py).
