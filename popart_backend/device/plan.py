@@ -338,11 +338,12 @@ class DeviceMode:
             self._inference = torch.inference_mode(False)
             self._inference.__enter__()
         self._grad = torch.is_grad_enabled()
-        torch.set_grad_enabled(False)
+        # The C switch: torch.set_grad_enabled builds a context object on each call.
+        torch._C._set_grad_enabled(False)
         return self
 
     def __exit__(self, *exc):
-        torch.set_grad_enabled(self._grad)
+        torch._C._set_grad_enabled(self._grad)
         if self._inference is not None:
             self._inference.__exit__(*exc)
 
@@ -494,6 +495,9 @@ class StateSnapshot:
 
     def save(self) -> None:
         plan = self._plan
+        if not self._slots and not plan.pinned_slots:
+            plan.journal.begin()  # nothing to remember or copy (an inference plan): open only
+            return
         replicas = plan.replica_values
         self._refs = [[values[s] for s in self._slots] for values in replicas]
         plan.journal.begin([values[s] for values in replicas for s in plan.pinned_slots])

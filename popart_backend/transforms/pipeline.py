@@ -35,6 +35,7 @@ from .fuse_grad_sum import FuseSliceGradSum
 from .fuse_tied_gather_grad import FuseTiedGatherGrad
 from .fuse_layer_norm import FuseLayerNorm
 from .fuse_matmul_add import FuseMatMulAdd
+from .gather_rows_early import GatherRowsEarly
 from .grad_accumulation import OUTER, AccumulateGradients, ResetAccumulators, reduction_factors
 from .inplace import InplaceVariants
 from .loss_scaling import Fp32LossScale, SeedLossScaling
@@ -72,6 +73,7 @@ def inference_passes(options=None, ipus_per_replica: int = 1,
         FuseGelu(),
         FuseLayerNorm(),
         FuseAttention(),
+        GatherRowsEarly(),  # after the fusions: it moves through the fused ops
         ApplyPatterns(),  # after the fusions, which match ops some patterns rewrite
         # Random ops (RandomNormal, Bernoulli ...) read the session seed in inference too.
         WireRandomSeed(),
@@ -185,7 +187,7 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
                     TrainingSemantics(),
                     FuseMatMulAdd(training=True), FuseGelu(training=True),
                     FuseLayerNorm(training=True), FuseAttention(training=True),
-                    ApplyPatterns(), AssignVirtualGraphs(placement)]
+                    GatherRowsEarly(training=True), ApplyPatterns(), AssignVirtualGraphs(placement)]
     als = options.automaticLossScalingSettings
     if als.enabled and (als.gradientTensorTrackingMethod
                         is GradientTensorTrackingMethod.ConvAndMatmulGradients):

@@ -17,7 +17,7 @@ from torch import nn
 import poptorch_lite as poptorch
 from poptorch_lite.testing import assert_allclose
 
-from .test_transformer_training import BATCH, SEQ, V, _Gpt2
+from tests.tiny_transformers import BATCH, SEQ, TinyGpt2
 from .training_helpers import assert_state_equal, classification_batches, compare_training
 
 BATCHES = classification_batches(3, 8, (6,), 4, seed=21)
@@ -121,10 +121,11 @@ def test_gpt2_like_causal_mask_buffer_fuses_attention_in_training():
     """The causal-mask buffer is frozen, so it needs no gradient and the attention chain
     becomes the fused flash-attention op (and its gradient) in training."""
     g = torch.Generator().manual_seed(2)
-    batches = [(torch.randint(0, V, (BATCH, SEQ), generator=g),
-                torch.randint(0, V, (BATCH, SEQ), generator=g)) for _ in range(2)]
+    vocab = 37
+    batches = [(torch.randint(0, vocab, (BATCH, SEQ), generator=g),
+                torch.randint(0, vocab, (BATCH, SEQ), generator=g)) for _ in range(2)]
     wrapper, _, _ = compare_training(
-        _Gpt2(), lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), batches)
+        TinyGpt2(vocab), lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), batches)
     ir = _ir(wrapper)
     counts = Counter(op.op_type for op in ir.main.ops.values())
     assert counts["Attention"] == 1 and counts["AttentionGrad"] == 1
