@@ -30,7 +30,7 @@ from ..ir.op import Op
 from ..ir.tensor import TensorInfo
 from .accumulate import Accumulate
 from .fused import FUSED_DOMAIN
-from .optimizer_updates import SGDUpdate, _first, _settle
+from .optimizer_updates import SGDUpdate, _advance_step, _first, _settle
 from .registry import register_op
 
 __all__ = ["MatMulAccumulate", "SGDMatMulUpdate"]
@@ -160,12 +160,7 @@ class SGDMatMulUpdate(_Product, SGDUpdate):
             _settle(journal, weight, out)
             return weight
         mm, vs = h["momentum"], h["velocity_scaling"]
-        first = False
-        if step is not None:
-            first = float(step) == 0.0
-            if journal is not None:
-                journal.save(step)
-            step.add_(1.0)
+        first = _advance_step(step, journal)
         if mm == 0.0 or first:
             beta, c = 0.0, vs
         else:

@@ -177,6 +177,18 @@ class OptimizerUpdate(JournaledWrites, Op):
         raise NotImplementedError
 
 
+def _advance_step(step, journal) -> bool:
+    """Count one more update on the step counter (journalled; None: no counter). True when
+    this is the first update, which takes the gradient as the velocity."""
+    if step is None:
+        return False
+    first = float(step) == 0.0
+    if journal is not None:
+        journal.save(step)
+    step.add_(1.0)
+    return first
+
+
 def _first(journal: StateJournal | None, x: torch.Tensor) -> torch.Tensor:
     """The tensor to write x's next value into (x itself outside a journal)."""
     return x if journal is None else journal.spare_for(x)
@@ -235,12 +247,7 @@ class SGDUpdate(OptimizerUpdate):
             _settle(journal, w, out)
             return
         mm, vs = h["momentum"], h["velocity_scaling"]
-        first = False
-        if step is not None:
-            first = float(step) == 0.0
-            if journal is not None:
-                journal.save(step)
-            step.add_(1.0)
+        first = _advance_step(step, journal)
         scale = vs * (1.0 - h["dampening"])
         out = _first(journal, velocity)
         if mm == 0.0 or first:
