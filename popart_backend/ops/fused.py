@@ -25,7 +25,7 @@ from ..errors import ShapeError, popart_exception
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
 from .registry import AI_GRAPHCORE, register_op
-from .weight_cache import PackedLinear
+from .weight_cache import KeptWeight
 
 FUSED_DOMAIN = "popart.fused"
 
@@ -70,8 +70,8 @@ class LinearBias(FusedOp):
     had transB=1, i.e. W is [N, K]).
 
     In an inference plan whose weight is a variable the program never writes, a product with
-    few rows reads a prepacked weight (``ops/weight_cache.PackedLinear``), repacked after each
-    host write of the weight.
+    few rows reads a kept contiguous copy of a transposed weight (``ops/weight_cache.KeptWeight``),
+    copied again after each host write of the weight.
 
     Cost: the product on the matrix units, then the bias add and ReLU on the vector units.
     """
@@ -88,25 +88,16 @@ class LinearBias(FusedOp):
         super().__init__(attrs, settings, input_infos, out)
         self._relu = attrs.activation == "relu"
         self._transposed = bool(attrs.transposed_weight)
-        self._packed: PackedLinear | None = None  # bind_program
+        self._kept: KeptWeight | None = None  # bind_program
 
     def bind_program(self, program) -> None:
         x = self._expected_inputs[0]
         rows = x.nelms // x.shape[-1] if x.rank >= 2 and x.shape[-1] else 0
-        self._packed = PackedLinear.for_op(self, program, rows, self._fused_out.shape[-1])
-
-    def _packed_product(self, x, w, b):
-        """act(X @ W + B) by the prepacked weight, or None when this op or call has none."""
-        y = self._packed.linear(x, w, w if self._transposed else w.t(), b)
-        if y is None:
-            return None
-        return torch.relu_(y) if self._relu else y
+        self._kept = KeptWeight.for_op(self, program, rows)
 
     def kernel(self, x, w, b=None):
-        if self._packed is not None:
-            y = self._packed_product(x, w, b)
-            if y is not None:
-                return y
+        if self._kept is not None and x.dim() >= 2 and x.is_contiguous():
+            return self.kernel_into(x.new_empty(self._fused_out.shape), x, w, b)
         # F.linear wants W as [N, K]; the transposed view of a [K, N] weight costs nothing and
         # addmm reads it in its natural layout.
         y = F.linear(x, w if self._transposed else w.t(), b)
@@ -115,16 +106,16 @@ class LinearBias(FusedOp):
     writes_into = True
 
     def kernel_into(self, out, x, w, b=None):
-        if self._packed is not None:
-            # The packed kernel has no out= form: it hands over its own (small) output.
-            y = self._packed_product(x, w, b)
-            if y is not None:
-                return y
         # F.linear folds contiguous batch dims into the rows of one mm / addmm.
-        if x.dim() == 1 or (x.dim() > 2 and not x.is_contiguous()):
+        if x.dim() == 2:
+            rows, flat = x, out
+        elif x.dim() == 1 or not x.is_contiguous():
             return self.kernel(x, w, b)
-        rows, flat = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1])
-        kn = w.t() if self._transposed else w
+        else:
+            rows, flat = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1])
+        kept = self._kept
+        kn = (kept.operand(w, self._transposed) if kept is not None
+              else w.t() if self._transposed else w)
         if b is None:
             torch.mm(rows, kn, out=flat)
         else:

@@ -28,7 +28,7 @@ from ..ir.tensor import TensorInfo
 from .base import broadcast_shapes
 from .registry import AI_GRAPHCORE, register_op
 from .rounding import rounding_generator, stochastic_round
-from .weight_cache import PackedLinear
+from .weight_cache import KeptWeight
 
 # torch's CPU matmul has no unsigned 32/64-bit kernels. int64 arithmetic wraps modulo 2**64
 # exactly like the unsigned types do, so the product is computed there and cast back.
@@ -115,21 +115,19 @@ class MatMul(Op):
         self._out_dtype = a.dtype.torch
         return TensorInfo(a.dtype, shape)
 
-    # Inference plans: a prepacked weight for products with few rows (bind_program,
-    # ops/weight_cache.py).
-    _packed: PackedLinear | None = None
+    # Inference plans: a kept contiguous copy of a transposed weight for products with few
+    # rows (bind_program, ops/weight_cache.py).
+    _kept: KeptWeight | None = None
 
     def bind_program(self, program) -> None:
         a, b = self.inputs[0].info, self.inputs[1].info
         rows = a.nelms // a.shape[-1] if a.rank >= 2 and a.shape[-1] else 0
-        self._packed = (PackedLinear.for_op(self, program, rows, b.shape[-1])
-                        if len(self.inputs) == 2 and b.rank == 2 else None)
+        self._kept = (KeptWeight.for_op(self, program, rows)
+                      if len(self.inputs) == 2 and b.rank == 2 else None)
 
     def kernel(self, a, b, seed=None):
-        if self._packed is not None:
-            y = self._packed.linear(a, b, b.t(), None)
-            if y is not None:
-                return y
+        if self._kept is not None:
+            b = self._kept.operand(b, False)
         if self._widen is not None:
             return torch.matmul(a.to(self._widen), b.to(self._widen)).to(self._out_dtype)
         if seed is not None and a.dtype == torch.float16 and not self.settings.half_partials:
@@ -141,11 +139,8 @@ class MatMul(Op):
     writes_into = True
 
     def kernel_into(self, out, a, b, seed=None):
-        if self._packed is not None:
-            # The packed kernel has no out= form: it hands over its own (small) output.
-            y = self._packed.linear(a, b, b.t(), None)
-            if y is not None:
-                return y
+        if self._kept is not None:
+            b = self._kept.operand(b, False)
         if self._widen is not None or seed is not None or self.settings.half_partials:
             return self.kernel(a, b, seed)
         return torch.matmul(a, b, out=out)
@@ -329,24 +324,19 @@ class Gemm(Op):
         )
         return TensorInfo(dtype, (m, n))
 
-    # Inference plans: a prepacked weight for products with few rows (bind_program,
-    # ops/weight_cache.py).
-    _packed: PackedLinear | None = None
+    # Inference plans: a kept contiguous copy of the [N, K] weight's transpose for products with
+    # few rows (bind_program, ops/weight_cache.py).
+    _kept: KeptWeight | None = None
 
     def bind_program(self, program) -> None:
-        self._packed = None
-        a, b = self.inputs[0].info, self.inputs[1].info
-        c = self.inputs[2].info if len(self.inputs) > 2 and self.inputs[2] is not None else None
-        n = b.shape[0]
-        if self._linear and (c is None or c.shape in ((n,), (1, n))):
-            self._packed = PackedLinear.for_op(self, program, a.shape[0], n)
+        self._kept = None
+        if self._linear:
+            self._kept = KeptWeight.for_op(self, program, self.inputs[0].info.shape[0])
 
     def kernel(self, a, b, c=None):
         at = self.attrs
-        if self._packed is not None:
-            y = self._packed.linear(a, b, b, c.reshape(-1) if c is not None else None)
-            if y is not None:
-                return y
+        if self._kept is not None:
+            return self.kernel_into(a.new_empty(a.shape[0], b.shape[0]), a, b, c)
         if self._linear and not self.settings.half_partials:
             return F.linear(a, b, c)
         if self._widen is not None:
@@ -378,16 +368,11 @@ class Gemm(Op):
 
     def kernel_into(self, out, a, b, c=None):
         at = self.attrs
-        if self._packed is not None:
-            # The packed kernel has no out= form: it hands over its own (small) output.
-            y = self._packed.linear(a, b, b, c.reshape(-1) if c is not None else None)
-            if y is not None:
-                return y
         if self._widen is not None or self._integral or self.settings.half_partials:
             return self.kernel(a, b, c)
         if self._linear:
             # F.linear on matrices: mm, or addmm with the bias.
-            b = b.t()
+            b = b.t() if self._kept is None else self._kept.operand(b, True)
         else:
             a = a.t() if at.transA else a
             b = b.t() if at.transB else b

@@ -2,7 +2,7 @@
 
 Two kinds of ops keep a value computed from variable weights across runs: the run-time
 Conv + BatchNormalization fold (``ops/fused_conv.py``) and, in inference plans, the float32
-linear products that read a prepacked weight (``PackedLinear`` below: MatMul, Gemm and the
+linear products that read their weight transposed (``KeptWeight`` below: MatMul, Gemm and the
 fused LinearBias). Both key what they keep on a *stamp* of the weights: each tensor's identity
 and torch version counter. Every in-place torch write bumps the counter (``copy_`` included,
 which is how the host writes weights), and a new tensor has a new identity, so a kept value
@@ -12,16 +12,17 @@ A view of a variable (the Transpose the exporters put between an ``nn.Linear`` w
 MatMul, rebuilt as a new view object every run) is stamped by its base tensor, which the view
 shares its version counter with, and its geometry (offset, shape, strides).
 
-PackedLinear: MKL's packed sgemm (``torch.ops.mkl._mkl_reorder_linear_weight`` once, then
-``_mkl_linear`` per call) for a fixed number of rows M. Measured on this project's CPU with one
-thread against ``addmm`` writing into its buffer: 10-30 % faster for M <= 256 rows and N >= 64
-columns (the MLP's 784-512 and 512-512 layers at batch 64, BERT's pooler); within noise of it at
-M >= 512 (BERT and GPT-2's products at 1024 rows), where addmm's write into the static arena
-wins; slower for N < 64 (the MLP's 10-class head). ``mkldnn._linear_pointwise`` with a
-reordered weight was slower than both for these shapes. So a product packs only within those
-bounds, in plans without an optimizer, when its weight (or the variable it is a view of) is a
-float32 variable no op of the program writes: the host's writes between runs then repack it
-once, and training steps, whose weights change every step, keep the unpacked kernels.
+KeptWeight: an ``nn.Linear`` weight is stored [N, K], so its product X @ W^T reads the [K, N]
+operand as a transposed view. Measured on this project's CPU with one thread, ``addmm`` into the
+output buffer with a contiguous [K, N] copy instead of the view is 20-35 % faster for M <= 256
+rows (the MLP's 784-512, 512-512 and 512-10 layers at batch 64: 1.04 / 0.63 / 0.030 ms against
+1.35 / 0.81 / 0.038 ms), and 10-15 % faster than MKL's packed sgemm
+(``_mkl_reorder_linear_weight`` + ``_mkl_linear``), which also has no ``out=`` form; at 1024 rows
+(BERT and GPT-2's products, the LM head) the three are within 2-3 %, not worth a second copy
+of the weight. So in plans without an optimizer, a product with at most ``KEEP_MAX_ROWS`` rows
+whose weight (or the variable it is a view of) is a float32 variable no op of the program
+writes reads a kept contiguous copy; the host's writes between runs make it copy again once,
+and training steps, whose weights change every step, keep the views.
 """
 
 from __future__ import annotations
@@ -34,12 +35,8 @@ from ..ir.tensor import TensorKind
 # Kept values per op: one per replica (each replica holds its own weight tensors).
 MAX_CACHED = 16
 
-# Packing bounds (measured, see the module docstring): rows, columns, output elements.
-PACK_MAX_ROWS = 256
-PACK_MIN_COLUMNS = 64
-PACK_MAX_OUTPUT = 1 << 21
-
-_MKL_PACKED = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+# Products with at most this many rows keep a contiguous weight (measured, see above).
+KEEP_MAX_ROWS = 256
 
 
 def stamp(tensors) -> tuple | None:
@@ -78,7 +75,7 @@ def _writes(op, tensor) -> bool:
     return any(i < len(op.inputs) and op.inputs[i] is tensor for i in op.modifies_inputs)
 
 
-def _packable_weight(weight):
+def _variable_behind(weight):
     """The variable behind ``weight`` (itself, or the variable a view op reads), or None."""
     if weight is None:
         return None
@@ -91,21 +88,20 @@ def _packable_weight(weight):
     return None
 
 
-class PackedLinear:
-    """The packed [N, K] weight of one linear op for ``rows`` rows, kept per weight tensor
-    (so per replica) and repacked when the weight was written since (``stamp``)."""
+class KeptWeight:
+    """The contiguous [K, N] operand of one linear op, kept per weight tensor (so per replica)
+    and copied again when the weight was written since (``stamp``)."""
 
-    def __init__(self, rows: int):
-        self.rows = rows
-        self._kept: list[tuple] = []  # (stamp, packed weight), most recent first
-        self.packs = 0  # how many times a weight was packed (tests read it)
+    def __init__(self):
+        self._kept: list[tuple] = []  # (stamp, contiguous operand), most recent first
+        self._last: tuple | None = None  # (weight tensor, its version, operand): the fast path
+        self.copies = 0  # how many times a weight was copied (tests read it)
 
     @classmethod
-    def for_op(cls, op, program, rows: int, columns: int) -> "PackedLinear | None":
-        """A PackedLinear when ``op`` (inputs X, W, ...) in ``program`` gains from packing W,
-        else None (the op keeps its usual kernel)."""
-        if not _MKL_PACKED or not 0 < rows <= PACK_MAX_ROWS or columns < PACK_MIN_COLUMNS \
-                or rows * columns > PACK_MAX_OUTPUT:
+    def for_op(cls, op, program, rows: int) -> "KeptWeight | None":
+        """A KeptWeight when ``op`` (inputs X, W, ...) in ``program`` gains from a contiguous
+        copy of W, else None (the op reads W as it comes)."""
+        if not 0 < rows <= KEEP_MAX_ROWS:
             return None
         ir = program.graph.ir
         if ir is None or ir.weight_grads or ir.optimizer_tensors is not None:
@@ -114,7 +110,7 @@ class PackedLinear:
         if settings.half_partials or settings.stochastic_rounding or len(op.inputs) < 2:
             return None
         x, w = op.inputs[0], op.inputs[1]
-        variable = _packable_weight(w)
+        variable = _variable_behind(w)
         if x is None or variable is None or w.info.rank != 2 or x.info.rank < 2:
             return None
         if any(t.info.dtype is not DataType.FLOAT for t in (x, w, variable)):
@@ -123,34 +119,39 @@ class PackedLinear:
             return None
         if any(_writes(reader, t) for t in (variable, w) for reader in t.consumers):
             return None  # written by the program itself, every run
-        return cls(rows)
+        return cls()
 
     def __deepcopy__(self, memo):
-        # The packed tensors are opaque (no storage to copy): a copy starts empty.
-        return PackedLinear(self.rows)
+        # A copy starts empty: the kept operands belong to the original's weight tensors.
+        return KeptWeight()
 
     def __getstate__(self):
-        return {"rows": self.rows}
+        return {}
 
     def __setstate__(self, state):
-        self.__init__(state["rows"])
+        self.__init__()
 
-    def linear(self, x, w, w_nk, bias):
-        """x @ w_nk^T + bias by the packed kernel for the op's weight input ``w`` (``w_nk`` is
-        it as [N, K]); None when this call cannot use it (the caller runs its usual kernel)."""
-        if (x.dtype is not torch.float32 or w.dtype is not torch.float32
-                or x.numel() != self.rows * x.shape[-1]):
-            return None
+    def operand(self, w, transpose: bool):
+        """The [K, N] operand the op computes from its weight input ``w`` (``w`` itself, or
+        ``w.t()`` when ``transpose``) as a contiguous tensor: itself when it is one, else the
+        copy kept for ``w``'s current values."""
+        last = self._last
+        if last is not None and last[0] is w and last[1] == w._version:
+            return last[2]  # the same weight tensor, not written since
+        kn = w.t() if transpose else w
+        if kn.is_contiguous() or kn.dtype is not torch.float32:
+            return kn
         key = stamp((w,))
         if key is None:
-            return None
-        for kept, packed in self._kept:
+            return kn
+        for kept, operand in self._kept:
             if same(kept, key):
                 break
         else:
-            packed = torch.ops.mkl._mkl_reorder_linear_weight(w_nk, self.rows)
-            self.packs += 1
+            operand = kn.contiguous()
+            self.copies += 1
             entries = [e for e in self._kept if not stamps_first(e[0], key)]
             # One assignment: replicas running in threads see either list.
-            self._kept = [(key, packed)] + entries[: MAX_CACHED - 1]
-        return torch.ops.mkl._mkl_linear(x, packed, w_nk, bias, self.rows)
+            self._kept = [(key, operand)] + entries[: MAX_CACHED - 1]
+        self._last = (w, w._version, operand)
+        return operand

@@ -1,7 +1,8 @@
-"""Prepacked weights of float32 linear products in inference plans (ops/weight_cache.py):
-MatMul, Gemm and LinearBias with a variable weight and few rows read an MKL-packed weight,
-kept per op and replica and repacked whenever the weight was written since. Compared with
-onnxruntime and eager torch; weight writes between runs give the new weights' answers."""
+"""Kept contiguous weights of float32 linear products in inference plans
+(ops/weight_cache.py): MatMul, Gemm and LinearBias with a variable weight read transposed and
+few rows read a contiguous [K, N] copy, kept per op and replica and copied again whenever the
+weight was written since. Compared with onnxruntime and eager torch; weight writes between runs
+give the new weights' answers."""
 
 from __future__ import annotations
 
@@ -16,31 +17,31 @@ from torch.profiler import ProfilerActivity, profile
 import popart_backend as popart
 import poptorch_lite as poptorch
 from popart_backend.ops import weight_cache
-from popart_backend.ops.weight_cache import PackedLinear
+from popart_backend.ops.weight_cache import KeptWeight
 from tests.helpers import assert_close, run_onnxruntime
 from tests.transforms.test_fusions import const, make_model, randn
 
-pytestmark = pytest.mark.skipif(not weight_cache._MKL_PACKED,
-                                reason="this torch build has no MKL packed sgemm")
-
-M, K, N = 16, 32, 64  # rows (2 x 8), inner, columns: within the packing bounds
+M, K, N = 16, 32, 64  # rows (2 x 8), inner, columns: within the bounds
 
 
 def _model():
-    """LinearBias (MatMul [K, N] weight + Add + Relu), Gemm(transB) and a 3-D MatMul by the
-    Transpose of a [N, K] variable (the exporters' nn.Linear without bias)."""
+    """LinearBias (MatMul by the Transpose of a [N, K] variable + Add + Relu: the exporters'
+    nn.Linear), Gemm(transB) and a 3-D MatMul by a Transpose; a last MatMul reads its [N, N]
+    weight as stored (contiguous: nothing to keep)."""
     feeds = {"x": randn(2, 8, K)}
-    inits = [const("w1", randn(K, N)), const("b1", randn(N)), const("w2", randn(N, N)),
-             const("b2", randn(N)), const("w3", randn(N, N))]
+    inits = [const("w1", randn(N, K)), const("b1", randn(N)), const("w2", randn(N, N)),
+             const("b2", randn(N)), const("w3", randn(N, N)), const("w4", randn(N, N))]
     nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["m1"]),
+        helper.make_node("Transpose", ["w1"], ["w1t"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "w1t"], ["m1"]),
         helper.make_node("Add", ["m1", "b1"], ["a1"]),
         helper.make_node("Relu", ["a1"], ["h1"]),
         helper.make_node("Reshape", ["h1", "shape2d"], ["h2d"]),
         helper.make_node("Gemm", ["h2d", "w2", "b2"], ["g"], transB=1),
         helper.make_node("Reshape", ["g", "shape3d"], ["g3"]),
         helper.make_node("Transpose", ["w3"], ["w3t"], perm=[1, 0]),
-        helper.make_node("MatMul", ["g3", "w3t"], ["y"]),
+        helper.make_node("MatMul", ["g3", "w3t"], ["m3"]),
+        helper.make_node("MatMul", ["m3", "w4"], ["y"]),
     ]
     inits += [helper.make_tensor("shape2d", 7, [2], [M, N]),
               helper.make_tensor("shape3d", 7, [3], [2, 8, N])]
@@ -63,9 +64,9 @@ def _session(model, replicas=1):
     return session
 
 
-def _packed_ops(session):
-    return {op.op_type: op._packed for op in session._program.schedule
-            if getattr(op, "_packed", None) is not None}
+def _kept_ops(session):
+    return {op.op_type: op._kept for op in session._program.schedule
+            if getattr(op, "_kept", None) is not None}
 
 
 def _with_initializers(model, values):
@@ -76,43 +77,51 @@ def _with_initializers(model, values):
     return model
 
 
-def test_packed_products_match_onnxruntime_and_fire():
+def _copies(session):
+    return sorted((op.op_type, op._kept.copies) for op in session._program.schedule
+                  if getattr(op, "_kept", None) is not None)
+
+
+FIRED = [("Gemm", 1), ("LinearBias", 1), ("MatMul", 0), ("MatMul", 1)]
+
+
+def test_kept_weights_match_onnxruntime_and_fire():
     model, feeds = _model()
     session = _session(model)
-    packed = _packed_ops(session)
-    assert set(packed) == {"LinearBias", "Gemm", "MatMul"}
-    assert all(p.rows == M for p in packed.values())
+    assert _copies(session) == [(t, 0) for t, _ in FIRED]
     anchors = session.initAnchorArrays()
     session.run(popart.PyStepIO(feeds, anchors))
     assert_close(anchors["y"], run_onnxruntime(model, feeds)["y"], "y", rtol=1e-5, atol=1e-4)
-    assert all(p.packs == 1 for p in packed.values())
+    # The transposed weights were copied once; the contiguous one is read as it is.
+    assert _copies(session) == FIRED
 
 
-def test_steady_runs_reuse_the_pack_and_call_the_packed_kernel():
-    """After the first run: no repacking (no pack allocation), one packed product per op."""
+def test_steady_runs_copy_no_weight_and_multiply_contiguous_operands():
+    """After the first run: no copy of any weight, and every product reads contiguous
+    operands (no transposed view reaches the GEMM)."""
     model, feeds = _model()
     session = _session(model)
     io = popart.PyStepIO(feeds, session.initAnchorArrays())
     session.run(io)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(3):
             session.run(io)
     names = [e.name for e in prof.events()]
-    assert names.count("mkl::_mkl_reorder_linear_weight") == 0
-    assert names.count("mkl::_mkl_linear") == 3 * 3
-    assert not any(n in ("aten::addmm", "aten::mm", "aten::matmul") for n in names)
-    assert all(p.packs == 1 for p in _packed_ops(session).values())
+    assert names.count("aten::clone") == names.count("aten::contiguous") == 0
+    copied = [e.input_shapes[0] for e in prof.events() if e.name == "aten::copy_"]
+    assert not [s for s in copied if s in ([N, K], [K, N], [N, N])], copied  # no weight
+    assert _copies(session) == FIRED
 
 
-def test_weight_writes_repack_and_give_the_new_answers():
-    """writeWeights + weightsFromHost between runs: the next run repacks (never stale)."""
+def test_weight_writes_copy_again_and_give_the_new_answers():
+    """writeWeights + weightsFromHost between runs: the next run copies again (never stale)."""
     model, feeds = _model()
     session = _session(model)
     anchors = session.initAnchorArrays()
     io = popart.PyStepIO(feeds, anchors)
     session.run(io)
     old = anchors["y"].copy()
-    new = {"w1": randn(K, N), "w2": randn(N, N), "w3": randn(N, N), "b2": randn(N)}
+    new = {"w1": randn(N, K), "w2": randn(N, N), "w3": randn(N, N), "b2": randn(N)}
     session.writeWeights(popart.PyWeightsIO(new))
     session.weightsFromHost()
     for _ in range(2):
@@ -120,10 +129,10 @@ def test_weight_writes_repack_and_give_the_new_answers():
         want = run_onnxruntime(_with_initializers(model, new), feeds)["y"]
         assert_close(anchors["y"], want, "y", rtol=1e-5, atol=1e-4)
     assert not np.allclose(anchors["y"], old, atol=1e-2)
-    assert all(p.packs == 2 for p in _packed_ops(session).values())
+    assert _copies(session) == [(t, 2 * c) for t, c in FIRED]
 
 
-def test_replicas_keep_their_own_packs():
+def test_replicas_keep_their_own_copies():
     model, feeds = _model()
     session = _session(model, replicas=2)
     x = np.stack([feeds["x"], feeds["x"] * 2])
@@ -133,49 +142,51 @@ def test_replicas_keep_their_own_packs():
     for r in range(2):
         want = run_onnxruntime(model, {"x": x[r]})["y"]
         assert_close(anchors["y"][r], want, f"y[{r}]", rtol=1e-5, atol=1e-4)
-    assert all(p.packs == 2 for p in _packed_ops(session).values())  # one per replica
+    assert _copies(session) == [(t, 2 * c) for t, c in FIRED]  # one per replica
 
 
-def test_copies_of_a_packed_op_start_empty():
-    """The packed tensors have no storage to copy: a deep copy (fromIr) keeps the plan, not
-    the packs."""
+def test_copies_of_an_op_start_empty():
+    """A deep copy (fromIr) keeps the plan, not the kept operands of the original's weights."""
     model, feeds = _model()
     session = _session(model)
     session.run(popart.PyStepIO(feeds, session.initAnchorArrays()))
     op = next(op for op in session._program.schedule if op.op_type == "Gemm")
+    assert op._kept.copies == 1
     clone = copy.deepcopy(op)
-    assert clone._packed.rows == M and clone._packed.packs == 0
+    assert clone._kept is not None and clone._kept.copies == 0 and not clone._kept._kept
 
 
-def _shapes_model(rows, columns):
-    feeds = {"x": randn(rows, K)}
+def test_products_with_more_rows_read_the_view():
+    feeds = {"x": randn(weight_cache.KEEP_MAX_ROWS + 1, K)}
     nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)]
-    return make_model(nodes, feeds, ["y"], [const("w", randn(columns, K)),
-                                            const("b", randn(columns))]), feeds
-
-
-@pytest.mark.parametrize("rows, columns", [(weight_cache.PACK_MAX_ROWS + 1, N),
-                                           (M, weight_cache.PACK_MIN_COLUMNS - 1)])
-def test_products_outside_the_measured_bounds_keep_addmm(rows, columns):
-    model, feeds = _shapes_model(rows, columns)
+    model = make_model(nodes, feeds, ["y"], [const("w", randn(N, K)), const("b", randn(N))])
     session = _session(model)
-    assert not _packed_ops(session)
+    assert not _kept_ops(session)
     anchors = session.initAnchorArrays()
     session.run(popart.PyStepIO(feeds, anchors))
     assert_close(anchors["y"], run_onnxruntime(model, feeds)["y"], "y", rtol=1e-5, atol=1e-4)
 
 
-def test_packed_kernel_matches_the_unpacked_one_within_float_tolerance():
+def test_operand_is_the_view_for_contiguous_or_inference_mode_weights():
     g = torch.Generator().manual_seed(0)
-    x, w, b = (torch.randn(*s, generator=g) for s in ((64, 784), (512, 784), (512,)))
-    packed = PackedLinear(64)
-    got = packed.linear(x, w, w, b)
-    torch.testing.assert_close(got, torch.addmm(b, x, w.t()), rtol=1e-5, atol=1e-4)
-    # Not the packed rows, or an inference-mode weight: the caller's own kernel runs.
-    assert packed.linear(x[:8], w, w, b) is None
+    w = torch.randn(N, K, generator=g)
+    kept = KeptWeight()
+    operand = kept.operand(w, True)
+    assert operand.is_contiguous() and torch.equal(operand, w.t())
+    assert kept.operand(w, True) is operand and kept.copies == 1
+    with torch.no_grad():
+        w.mul_(2)  # an in-place write: the kept copy is stale
+    assert torch.equal(kept.operand(w, True), w.t()) and kept.copies == 2
+    # A view made anew each run (an exporter's Transpose) is found by its base and geometry.
+    views = KeptWeight()
+    operand = views.operand(w.t(), False)
+    assert views.operand(w.t(), False) is operand and views.copies == 1
+    wkn = torch.randn(K, N, generator=g)
+    assert kept.operand(wkn, False) is wkn  # already contiguous
     with torch.inference_mode():
         frozen = w.clone()
-    assert packed.linear(x, frozen, frozen, b) is None
+    assert kept.operand(frozen, True).data_ptr() == frozen.data_ptr()  # no version: the view
+    assert kept.copies == 2
 
 
 # --- through the frontend ---------------------------------------------------------------------
@@ -205,8 +216,8 @@ def test_frontend_weight_writes_are_never_stale():
     wrapper = poptorch.inferenceModel(net, poptorch.Options().showCompilationProgressBar(False))
     torch.testing.assert_close(wrapper(x), net(x).detach(), rtol=1e-5, atol=1e-5)
     layers = [op for op in wrapper._active.session._program.schedule
-              if getattr(op, "_packed", None) is not None]
-    assert len(layers) == 2  # the two hidden layers; the 10-class head keeps addmm
+              if getattr(op, "_kept", None) is not None]
+    assert len(layers) == 3
 
     wrapper.load_state_dict(_scramble(net, 1))
     torch.testing.assert_close(wrapper(x), net(x).detach(), rtol=1e-5, atol=1e-5)
@@ -215,10 +226,10 @@ def test_frontend_weight_writes_are_never_stale():
     wrapper.copyWeightsToDevice()
     for _ in range(2):
         torch.testing.assert_close(wrapper(x), net(x).detach(), rtol=1e-5, atol=1e-5)
-    assert [op._packed.packs for op in layers] == [3, 3]
+    assert [op._kept.copies for op in layers] == [3, 3, 3]
 
 
-def test_training_plans_keep_the_unpacked_kernels():
+def test_training_plans_read_the_views():
     torch.manual_seed(0)
     net = _Mlp()
 
@@ -235,4 +246,4 @@ def test_training_plans_keep_the_unpacked_kernels():
                                      poptorch.Options().showCompilationProgressBar(False),
                                      torch.optim.SGD(net.parameters(), lr=0.1))
     wrapper(torch.randn(M, K), torch.randint(0, 10, (M,)))
-    assert not _packed_ops(wrapper._active.session)
+    assert not _kept_ops(wrapper._active.session)
