@@ -41,8 +41,7 @@ from .options.checks import check_buildable, check_io_options, check_stitch_stra
 from .options.enums import DotCheck, SyntheticDataMode
 from .options.patterns import Patterns, log_pattern_effects
 from .options.session_options import SessionOptions
-from .report import (PROFILING_DISABLED, Report, profiling_enabled, report_directory,
-                     summary_text, write_auto_report)
+from .report import report_directory, summary_text, write_auto_report
 from .session_fwd_only import ForwardOnlyMixin, build_forward_only
 from .session_methods import (IrSource, SessionMethodsMixin, check_64bit_inputs,
                               check_64bit_ranges, mark_broadcast_inputs, remember_ir_source)
@@ -441,85 +440,6 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin, ForwardOnl
         return anchor_shape(self._data_flow.art(anchor_id), info.shape,
                             self._data_flow.batchesPerStep(), self._accumulation_factor,
                             self._replication_factor)
-
-    def setRandomSeed(self, seedValue: int) -> None:  # noqa: N802,N803
-        if isinstance(seedValue, bool) or not isinstance(seedValue, (int, np.integer)):
-            raise popart_exception(
-                f"setRandomSeed: the seed must be an int, got {type(seedValue).__name__} "
-                f"{seedValue!r}."
-            )
-        self._random_seed = int(seedValue)
-        self._reseed_devices()  # the session's device and the forward-only program's
-
-    def getRNGState(self) -> list[int]:  # noqa: N802
-        """The device's RNG state: [seed, micro-batch counter] per local replica, concatenated
-        (device/simulator.py ``rng_state``). Needs ``enableLoadAndOffloadRNGState``."""
-        self._check_rng_option("getRNGState()")
-        return self._ready_device("getRNGState()").rng_state()
-
-    def setRNGState(self, rngValue) -> None:  # noqa: N802,N803 - PopART's names
-        """Restore a state of ``getRNGState()``: the following runs draw exactly what they
-        drew after it was taken. Needs ``enableLoadAndOffloadRNGState``."""
-        self._check_rng_option("setRNGState()")
-        try:
-            state = [int(v) for v in rngValue]
-        except (TypeError, ValueError) as exc:
-            raise popart_exception(
-                f"setRNGState: the state must be a list of ints as getRNGState() returns, got "
-                f"{rngValue!r} ({exc})."
-            ) from exc
-        self._ready_device("setRNGState()").set_rng_state(state)
-
-    def _check_rng_option(self, what: str) -> None:
-        if not self._options.enableLoadAndOffloadRNGState:
-            raise popart_exception(
-                f"{what}: the RNG state can only be read or written when "
-                f"SessionOptions.enableLoadAndOffloadRNGState is True; set it before creating "
-                f"the session."
-            )
-
-    def getSummaryReport(self, resetProfile: bool = True) -> str:  # noqa: N802,N803
-        """Text summary: memory and cycles of the simulated IPU when profiling is on
-        (``engineOptions["autoReport.all"] = "true"``) and the device is prepared."""
-        graph = self._ir.main
-        header = [
-            f"{type(self).__name__} '{self.name}'",
-            f"  ops: {len(graph.ops)}, tensors: {len(graph.tensors)}, weights: "
-            f"{len(self._program.weights)}",
-            f"  batches per step: {self._data_flow.batchesPerStep()}, replication factor: "
-            f"{self._replication_factor}, accumulation factor: {self._accumulation_factor}",
-        ]
-        if not profiling_enabled(self._options) or self._device_model is None:
-            return "\n".join(header + [PROFILING_DISABLED])
-        text = "\n".join(header + [summary_text(self._device_model, self._profiled_runs)])
-        if resetProfile:
-            self._profiled_runs = 0
-        return text
-
-    def getReport(self) -> Report:  # noqa: N802
-        """The profile of the simulated IPU as a Report object."""
-        if not profiling_enabled(self._options):
-            raise popart_exception(
-                "getReport: execution profiling is not enabled; set "
-                "SessionOptions.engineOptions = {'autoReport.all': 'true'}."
-            )
-        if self._device_model is None:
-            raise popart_exception("getReport: call prepareDevice() first.")
-        return Report(self._device_model, self._profiled_runs)
-
-    def getCycleCount(self, id: str = "") -> int:  # noqa: N802,A002
-        """Simulated cycles of the last run; needs instrumentWithHardwareCycleCounter."""
-        if not self._options.instrumentWithHardwareCycleCounter:
-            raise popart_exception(
-                "getCycleCount: the session was not built with cycle instrumentation; set "
-                "SessionOptions.instrumentWithHardwareCycleCounter = True."
-            )
-        self._ready_device("getCycleCount()")
-        if not (self._runs or self._fwd_only_ran_last):
-            raise popart_exception(
-                "getCycleCount: no run() yet; the counter holds the cycles of the last run."
-            )
-        return self._cycle_model().cycle_count(id)
 
 
 class InferenceSession(SessionBase):

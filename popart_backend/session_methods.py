@@ -1,4 +1,5 @@
-"""The sessions' smaller PopART methods: the random seed, the IR and graph dumps, the host /
+"""The sessions' smaller PopART methods: the random seed and RNG state, the profile (summary
+report, ``Report``, cycle count), the IR and graph dumps, the host /
 device weight synchronisation flags of popxl, engine state, saving variables, external-data
 locations and the distributed weight broadcast. ``SessionBase`` mixes them in; they use the
 session's ``_ir``, ``_model``, ``_device``, ``_program``, ``_host_weights`` and ``_options``."""
@@ -26,6 +27,7 @@ from .dtypes import DataType
 from .errors import OutOfMemoryError, OutOfMemoryException, StepIOError, popart_exception
 from .ir.dot import DotWriter
 from .ir.dump import ir_to_json
+from .report import PROFILING_DISABLED, Report, profiling_enabled, summary_text
 from .tensorinfo import ReplicatedStreamMode, input_settings_from_model
 
 __all__ = ["IrSource", "SessionMethodsMixin", "check_64bit_inputs", "check_64bit_ranges",
@@ -166,6 +168,85 @@ class SessionMethodsMixin:
     def getRandomSeed(self) -> int:  # noqa: N802 - PopART's names
         """The seed of the last ``setRandomSeed`` (0 when never set)."""
         return self._random_seed
+
+    def setRandomSeed(self, seedValue: int) -> None:  # noqa: N802,N803
+        if isinstance(seedValue, bool) or not isinstance(seedValue, (int, np.integer)):
+            raise popart_exception(
+                f"setRandomSeed: the seed must be an int, got {type(seedValue).__name__} "
+                f"{seedValue!r}."
+            )
+        self._random_seed = int(seedValue)
+        self._reseed_devices()  # the session's device and the forward-only program's
+
+    def getRNGState(self) -> list[int]:  # noqa: N802
+        """The device's RNG state: [seed, micro-batch counter] per local replica, concatenated
+        (device/simulator.py ``rng_state``). Needs ``enableLoadAndOffloadRNGState``."""
+        self._check_rng_option("getRNGState()")
+        return self._ready_device("getRNGState()").rng_state()
+
+    def setRNGState(self, rngValue) -> None:  # noqa: N802,N803 - PopART's names
+        """Restore a state of ``getRNGState()``: the following runs draw exactly what they
+        drew after it was taken. Needs ``enableLoadAndOffloadRNGState``."""
+        self._check_rng_option("setRNGState()")
+        try:
+            state = [int(v) for v in rngValue]
+        except (TypeError, ValueError) as exc:
+            raise popart_exception(
+                f"setRNGState: the state must be a list of ints as getRNGState() returns, got "
+                f"{rngValue!r} ({exc})."
+            ) from exc
+        self._ready_device("setRNGState()").set_rng_state(state)
+
+    def _check_rng_option(self, what: str) -> None:
+        if not self._options.enableLoadAndOffloadRNGState:
+            raise popart_exception(
+                f"{what}: the RNG state can only be read or written when "
+                f"SessionOptions.enableLoadAndOffloadRNGState is True; set it before creating "
+                f"the session."
+            )
+
+    def getSummaryReport(self, resetProfile: bool = True) -> str:  # noqa: N802,N803
+        """Text summary: memory and cycles of the simulated IPU when profiling is on
+        (``engineOptions["autoReport.all"] = "true"``) and the device is prepared."""
+        graph = self._ir.main
+        header = [
+            f"{type(self).__name__} '{self.name}'",
+            f"  ops: {len(graph.ops)}, tensors: {len(graph.tensors)}, weights: "
+            f"{len(self._program.weights)}",
+            f"  batches per step: {self._data_flow.batchesPerStep()}, replication factor: "
+            f"{self._replication_factor}, accumulation factor: {self._accumulation_factor}",
+        ]
+        if not profiling_enabled(self._options) or self._device_model is None:
+            return "\n".join(header + [PROFILING_DISABLED])
+        text = "\n".join(header + [summary_text(self._device_model, self._profiled_runs)])
+        if resetProfile:
+            self._profiled_runs = 0
+        return text
+
+    def getReport(self) -> Report:  # noqa: N802
+        """The profile of the simulated IPU as a Report object."""
+        if not profiling_enabled(self._options):
+            raise popart_exception(
+                "getReport: execution profiling is not enabled; set "
+                "SessionOptions.engineOptions = {'autoReport.all': 'true'}."
+            )
+        if self._device_model is None:
+            raise popart_exception("getReport: call prepareDevice() first.")
+        return Report(self._device_model, self._profiled_runs)
+
+    def getCycleCount(self, id: str = "") -> int:  # noqa: N802,A002
+        """Simulated cycles of the last run; needs instrumentWithHardwareCycleCounter."""
+        if not self._options.instrumentWithHardwareCycleCounter:
+            raise popart_exception(
+                "getCycleCount: the session was not built with cycle instrumentation; set "
+                "SessionOptions.instrumentWithHardwareCycleCounter = True."
+            )
+        self._ready_device("getCycleCount()")
+        if not (self._runs or self._fwd_only_ran_last):
+            raise popart_exception(
+                "getCycleCount: no run() yet; the counter holds the cycles of the last run."
+            )
+        return self._cycle_model().cycle_count(id)
 
     def _prepare_with_status(self, load_engine: bool, err) -> None:
         """``prepareDevice(loadEngine, err)``: an overflow fills ``err`` instead of raising."""

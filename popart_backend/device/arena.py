@@ -49,7 +49,8 @@ from ..ops.rounding import generic_rounding
 from ..ops.state_journal import JournaledWrites
 from ..ops.string_tensors import kernel_for
 
-__all__ = ["ArenaLayout", "enabled", "plan_arena"]
+__all__ = ["ArenaLayout", "eligible_output", "enabled", "plan_arena", "plan_scratch",
+           "runs_plain_kernel"]
 
 # Testing switch: False plans no arena (every kernel allocates, as before the static plan).
 enabled = True
@@ -105,12 +106,7 @@ def _view(arena: torch.Tensor, b: Buffer) -> torch.Tensor:
 def _eligible(op: Op, ins: tuple, outs: tuple, keep: set[int]) -> bool:
     if not op.writes_into or len(outs) != 1 or outs[0] < 0 or outs[0] in keep:
         return False
-    settings = op.settings
-    checks = settings.checks
-    if (checks.floating_point or checks.modify or checks.alias or settings.stochastic_rounding
-            or op.modifies_inputs or op.aliases_inputs or op.collective
-            or op.runs_between_cycles or op.output_persists or isinstance(op, JournaledWrites)
-            or generic_rounding(op)):
+    if not runs_plain_kernel(op):
         return False
     tensor = op.outputs[0]
     info = tensor.info
@@ -124,24 +120,75 @@ def _eligible(op: Op, ins: tuple, outs: tuple, keep: set[int]) -> bool:
             continue
         if not (floating and t.info.dtype in _INDEX_DTYPES):
             return False
-    return kernel_for(op) == op.kernel and _into_matches_kernel(type(op))
+    return _into_matches(type(op), "kernel_into")
 
 
-def _into_matches_kernel(cls: type) -> bool:
-    """False when a subclass redefines ``kernel`` below the class defining ``kernel_into``
-    (the inherited into-kernel would compute the base's result)."""
+def eligible_output(op: Op, ins: tuple, outs: tuple) -> bool:
+    """Whether ``op``'s output could take a buffer were it not kept (``device/recycle.py``
+    writes large kept outputs into their previous run's storage under the same conditions)."""
+    return _eligible(op, ins, outs, set())
+
+
+def _into_matches(cls: type, name: str) -> bool:
+    """False when a subclass redefines ``kernel`` below the class defining ``name`` (an
+    into- or scratch kernel: the inherited one would compute the base's result)."""
     kernel = next(c for c in cls.__mro__ if "kernel" in c.__dict__)
-    into = next(c for c in cls.__mro__ if "kernel_into" in c.__dict__)
+    into = next(c for c in cls.__mro__ if name in c.__dict__)
     return issubclass(into, kernel)
 
 
+def runs_plain_kernel(op: Op, in_place: bool = False) -> bool:
+    """True when the plan runs ``op``'s own kernel unwrapped: no debug check, no rounding,
+    no journaled writes, no aliasing, no STRING codes, not a collective, an inter-stage copy
+    or a persistent output; and no in-place writes unless ``in_place`` (scratch only: the
+    caller makes sure they write no state). Only such ops get arena buffers or scratch."""
+    settings = op.settings
+    checks = settings.checks
+    return not (checks.floating_point or checks.modify or checks.alias
+                or settings.stochastic_rounding or (op.modifies_inputs and not in_place)
+                or op.aliases_inputs or op.collective or op.runs_between_cycles
+                or op.output_persists or isinstance(op, JournaledWrites) or generic_rounding(op)
+                or kernel_for(op) != op.kernel)
+
+
+def plan_scratch(raw_steps: list[tuple[Op, tuple, tuple]], num_stages: int,
+                 first_slot: int, state: set[int]) -> dict[int, tuple[int, list[int]]]:
+    """The scratch buffers of the plan's ops (``Op.scratch_infos``): plan position -> (that
+    position, the placeholder slots of its scratch buffers, numbered from ``first_slot``).
+    Empty for a pipelined plan or with the arena off. An op writing one of the ``state``
+    slots in place (its writes are journaled) gets none."""
+    found: dict[int, tuple[int, list[int]]] = {}
+    if not enabled or num_stages:
+        return found
+    slot = first_slot
+    for position, (op, ins, _outs) in enumerate(raw_steps):
+        infos = op.scratch_infos()
+        if (not infos or not runs_plain_kernel(op, in_place=True)
+                or any(ins[i] in state for i in op.modifies_inputs if i < len(ins))
+                or not _into_matches(type(op), "kernel_scratch")):
+            continue
+        if any(i.dtype not in _DTYPES and i.dtype is not DataType.BOOL for i in infos):
+            continue
+        found[position] = (position, list(range(slot, slot + len(infos))))
+        slot += len(infos)
+    return found
+
+
 def plan_arena(raw_steps: list[tuple[Op, tuple, tuple]], keep: set[int],
-               num_stages: int = 0, channels_last: set[int] | None = None) -> ArenaLayout:
+               num_stages: int = 0, channels_last: set[int] | None = None,
+               scratch: dict[int, tuple[int, list[int]]] | None = None) -> ArenaLayout:
     """The arena layout of ``raw_steps`` ((op, input slots, output slots) in plan order);
     ``keep`` are the slots that must survive the execution (see the module doc);
-    ``channels_last`` the 4-D output slots whose views get channels-last strides."""
+    ``channels_last`` the 4-D output slots whose views get channels-last strides;
+    ``scratch`` (from ``plan_scratch``) the scratch placeholders, each live during its step."""
     if not enabled or num_stages:
         return ArenaLayout({}, {})
+    scratch_candidates: dict[int, list] = {}
+    for position, slots in (scratch or {}).values():
+        op = raw_steps[position][0]
+        for s, info in zip(slots, op.scratch_infos()):
+            scratch_candidates[s] = [position, position, info.dtype.torch, tuple(info.shape),
+                                     op.settings.execution_context]
     # Candidates: output slot -> (position, dtype, shape, fragment).
     candidates: dict[int, list] = {}
     for position, (op, ins, outs) in enumerate(raw_steps):
@@ -150,7 +197,7 @@ def plan_arena(raw_steps: list[tuple[Op, tuple, tuple]], keep: set[int],
             candidates[outs[0]] = [position, position, info.dtype.torch, tuple(info.shape),
                                    op.settings.execution_context]
     if not candidates:
-        return ArenaLayout({}, {})
+        return ArenaLayout(*_place(scratch_candidates, set()))
     # Roots: which candidates a slot's value may share storage with.
     roots: dict[int, set[int]] = {s: {s} for s in candidates}
     dropped: set[int] = set()
@@ -173,6 +220,7 @@ def plan_arena(raw_steps: list[tuple[Op, tuple, tuple]], keep: set[int],
                         dropped |= shared
     for s in dropped:
         del candidates[s]
+    candidates.update(scratch_candidates)
     return ArenaLayout(*_place(candidates, channels_last or set()))
 
 

@@ -366,7 +366,8 @@ def phase_prefetch_cycles(order: Sequence[Op], ops: Sequence[OpCycles], spec: Ip
     """Cycles of the RemoteLoads of fragment ``context`` that overlap compute: a load scheduled
     in an execution phase on an IPU that computes nothing in that phase (the Preload IO schedule
     fetching the next phase's tensors) runs while the phase's IPUs compute. Per phase the hidden
-    part is the smaller of the two; loads on a computing IPU (OnDemand) are not hidden."""
+    part is the smaller of the two; loads on a computing IPU (OnDemand) are not hidden. Ops
+    that only set up a buffer (``Op.allocates_only``: Init) are no compute to hide behind."""
     compute: dict[int, dict[int, int]] = {}  # phase -> ipu -> op cycles
     prefetch: dict[int, list[tuple[int, int]]] = {}  # phase -> [(ipu, transfer cycles)]
     for op, oc in zip(order, ops):
@@ -376,7 +377,7 @@ def phase_prefetch_cycles(order: Sequence[Op], ops: Sequence[OpCycles], spec: Ip
         if op.remote_transfer and not op.modifies_inputs:  # a load
             prefetch.setdefault(phase, []).append(
                 (oc.ipu, _host_transfer_cycles(op.outputs[0].info.num_bytes, spec)))
-        elif not op.remote_transfer:
+        elif not op.remote_transfer and not op.allocates_only:  # Init computes nothing
             by_ipu = compute.setdefault(phase, {})
             by_ipu[oc.ipu] = by_ipu.get(oc.ipu, 0) + oc.cycles
     hidden = 0

@@ -22,7 +22,16 @@ shape, only its strides differ.
   by the step that produces it.
 
 The static memory plan (arena.py) gives a channels-last view of its arena to an into-kernel
-output taken to be channels-last, so ``out=`` kernels keep the layout. ``enabled`` (module flag)
+output taken to be channels-last, so ``out=`` kernels keep the layout. A 2-D convolution's
+weights are handed to oneDNN channels-last as well, from one kept copy per weight
+(``ops/conv.channels_last_weight``); gradients of weights leave their op contiguous, as the
+weights (``torch._fused_sgd_`` reads raw memory and needs equal strides).
+
+BatchNorm's backward stays channels-last although torch's channels-last kernel is slower than
+its contiguous one at these channel counts (16-64: its input-gradient loop runs per pixel over C
+values; its statistics loop is fast). Measured on the CNN and ResNet steps, both ways around it
+cost more: converting dY and X to contiguous and dX back (three copies), or building dX from the
+kernel's reductions and widened multiply-adds (two more memory passes). ``enabled`` (module flag)
 turns channels-last off, for tests comparing both.
 """
 

@@ -43,7 +43,9 @@ from ..ops.control_flow import use_body_compiler
 from ..ops.state_journal import JournaledWrites, StateJournal
 from ..ops.rounding import generic_rounding, stochastically_rounded
 from ..ops.string_tensors import kernel_for
-from .arena import plan_arena
+from .arena import plan_arena, plan_scratch
+from . import recycle
+from .recycle import RecycledOutput, recyclable
 from .layout import plan_layouts, with_layouts
 from .fp_position import current_position
 
@@ -127,7 +129,12 @@ class ExecutionPlan:
         # Memory layouts (device/layout.py): channels-last activations between convolutions.
         kept_slots = {self.slot[t] for t in keep}
         self.layouts = layouts = plan_layouts(raw_steps, kept_slots)
-        self.arena = plan_arena(raw_steps, kept_slots, num_stages, layouts.channels_last)
+        # Scratch (Op.scratch_infos): temporaries of a step in the arena too, keyed by
+        # placeholder numbers past every slot.
+        state = {self.slot[t] for t in self.variable_ids} | kept_slots
+        scratch = plan_scratch(raw_steps, num_stages, len(values), state)
+        self.arena = plan_arena(raw_steps, kept_slots, num_stages, layouts.channels_last,
+                                scratch)
         self.buffer_slots: dict[int, int] = {}
         for s in self.arena.buffers:
             self.buffer_slots[s] = len(values)
@@ -168,6 +175,18 @@ class ExecutionPlan:
                 # Checks, rounding and journaling never apply here (arena._eligible): the
                 # into-kernel takes its output buffer first, then the op's inputs.
                 kernel, ins = op.kernel_into, (self.buffer_slots[outs[0]],) + ins
+            elif (recycle.enabled and not num_stages and position not in scratch
+                  and not layouts.steps[position].active
+                  and recyclable(op, ins, outs, kept_slots)):
+                # A large host-read output (logits): written into the previous run's output
+                # once the host has let go of it (device/recycle.py), no pages faulted in.
+                kernel = RecycledOutput(op)
+            if position in scratch:
+                # The scratch kernel: output buffer (or none), scratch buffers, the inputs.
+                into = single and outs[0] in self.buffer_slots
+                ins = ((ins[0] if into else -1),
+                       *(self.buffer_slots[s] for s in scratch[position][1])) + ins[into:]
+                kernel = op.kernel_scratch
             if layouts.steps[position].active:
                 kernel = with_layouts(kernel, layouts.steps[position],
                                       len(ins) - len(op.inputs), single)

@@ -189,6 +189,9 @@ class Op:
     # True for ops whose outputs never alias an input, weight, constant or host buffer: the
     # InplaceVariants pass may then let a reader overwrite them.
     fresh_outputs: ClassVar[bool] = False
+    # True for ops that only set up a buffer (Init): no work on the IPU's compute, so the cycle
+    # model does not count them as compute a prefetch can hide behind (device/cost.py).
+    allocates_only: ClassVar[bool] = False
     # True for the matrix products whose kernel can accumulate float16 products in float16
     # (OpSettings.half_partials; ops/matmul.py).
     supports_half_partials: ClassVar[bool] = False
@@ -280,6 +283,17 @@ class Op:
         or a fresh tensor when this call cannot write into it (the plan binds what it
         returns). The values must be bit-identical to ``kernel``'s."""
         raise NotImplementedError(f"{self.op_type} has no kernel_into()")
+
+    def scratch_infos(self) -> tuple:
+        """TensorInfos of the temporaries ``kernel_scratch`` writes (the static memory plan
+        gives each a buffer of its arena, live during this op's step only); () for none."""
+        return ()
+
+    def kernel_scratch(self, out, *scratch_and_xs):
+        """``kernel(*xs)`` computed with the scratch buffers ``scratch_infos`` asks for, given
+        after ``out`` (the output's arena buffer, as for ``kernel_into``, or None when the
+        output has none) and before the op's inputs. Bit-identical to ``kernel``."""
+        raise NotImplementedError(f"{self.op_type} has no kernel_scratch()")
 
     def grad(self, g) -> None:
         """Add the ops computing this op's input gradients (training issue)."""

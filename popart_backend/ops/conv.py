@@ -3,11 +3,20 @@ the padding rules (explicit pads, auto_pad, ceil mode) that the pooling ops shar
 
 The grad ops compute every wanted gradient (input, weights, bias) in one call of torch's
 ``convolution_backward``, the kernel torch's own autograd uses.
+
+Next to a channels-last input (device/layout.py) oneDNN wants a 2-D convolution's weights
+channels-last too, and converts contiguous ones on every call, forward and backward, into a new
+tensor. ``channels_last_weight`` keeps one channels-last copy per weight tensor instead: the
+forward rewrites it in place (no allocation), and the gradient op of the same step reuses it when
+the weight's torch version counter shows no write since. The forward always rewrites the copy,
+so a write the counter does not see (``torch._fused_sgd_`` leaves it unchanged) between runs
+can never leave it stale; within a step a weight's updates are scheduled after its last reader.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -24,6 +33,47 @@ from .registry import AI_GRAPHCORE, register_op
 AUTO_PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
 CONV_FNS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+_CL = torch.channels_last
+
+# id(weight) -> (weak reference to it, its version when copied, channels-last copy).
+_CL_WEIGHTS: dict[int, tuple] = {}
+# Testing switch: False hands oneDNN the weights as they are (it converts them per call).
+keep_channels_last_weights = True
+
+
+def wants_channels_last_weight(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether oneDNN would convert ``w`` to channels-last for this channels-last ``x``."""
+    return (keep_channels_last_weights and x.dim() == 4 and w.dim() == 4
+            and x.dtype is torch.float32 and w.dtype is torch.float32
+            and not x.is_contiguous() and x.is_contiguous(memory_format=_CL)
+            and not w.is_contiguous(memory_format=_CL) and not w.is_inference()
+            and not w.requires_grad)
+
+
+def _forget(key: int, ref) -> None:
+    entry = _CL_WEIGHTS.get(key)
+    if entry is not None and entry[0] is ref:
+        del _CL_WEIGHTS[key]
+
+
+def channels_last_weight(x: torch.Tensor, w: torch.Tensor, refresh: bool) -> torch.Tensor:
+    """``w`` as oneDNN wants it next to ``x`` (see the module doc): the kept channels-last copy,
+    rewritten from ``w`` when ``refresh`` (a forward) or when ``w`` was written since."""
+    if not wants_channels_last_weight(x, w):
+        return w
+    key = id(w)
+    entry = _CL_WEIGHTS.get(key)
+    if entry is not None and entry[0]() is w and entry[2].shape == w.shape:
+        ref, version, kept = entry
+        if refresh or version != w._version:
+            kept.copy_(w)
+            _CL_WEIGHTS[key] = (ref, w._version, kept)
+        return kept
+    kept = w.contiguous(memory_format=_CL)
+    ref = weakref.ref(w, lambda r, k=key: _forget(k, r))
+    _CL_WEIGHTS[key] = (ref, w._version, kept)
+    return kept
 CONV_TRANSPOSE_FNS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 
@@ -298,6 +348,7 @@ class Conv(_Convolution):
             x = F.pad(x, self._pre_pad)
         if self.settings.half_partials and x.dtype == torch.float16:
             return half_partials_conv(self, x, w, b)
+        w = channels_last_weight(x, w, refresh=True)
         return self._fn(x, w, b, self._stride, self._padding, self._dilation, self._groups)
 
     def product_rows(self) -> TensorInfo:
@@ -338,6 +389,7 @@ class ConvGrad(_ConvolutionGrad, Conv):
             grads = half_partials_conv_grads(dy, x, w, self._stride, self._padding,
                                              self._dilation, self._groups, self._mask)
         else:
+            w = channels_last_weight(x, w, refresh=False)
             grads = torch.ops.aten.convolution_backward(
                 dy, x, w, self._bias_sizes, self._stride, self._padding, self._dilation, False,
                 (0,) * n, self._groups, self._mask,

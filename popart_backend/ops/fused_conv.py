@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..ir.op import Op
+from .conv import wants_channels_last_weight
 from .fused import FUSED_DOMAIN, FusedOp, _check_activation
 from .registry import register_op
 from .weight_cache import MAX_CACHED as _MAX_CACHED
@@ -63,6 +64,7 @@ class ConvBatchNorm(FusedOp):
         self._relu = attrs.activation == "relu"
         self._conv_flops = conv.cost()[0] if conv_flops is None else conv_flops
         self._folded: list[tuple] = []  # (stamp, W', B'), most recent first
+        self._channels_last: tuple = (None, None)  # (a kept W', it channels-last)
 
     def clone_with(self, settings=None):
         return type(self)(self.attrs, settings if settings is not None else self.settings,
@@ -104,6 +106,12 @@ class ConvBatchNorm(FusedOp):
 
     def kernel(self, x, w, b, scale, beta, mean, var, residual=None):
         w_new, b_new = self.folded_weights(w, b, scale, beta, mean, var)
+        if wants_channels_last_weight(x, w_new):
+            kept, converted = self._channels_last
+            if kept is not w_new:
+                converted = w_new.contiguous(memory_format=torch.channels_last)
+                self._channels_last = (w_new, converted)
+            w_new = converted
         y = self._conv(x, w_new, b_new)
         if residual is not None:
             y.add_(residual)

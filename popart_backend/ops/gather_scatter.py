@@ -146,9 +146,12 @@ class Gather(Op):
         return torch.index_select(data, self.axis, index).reshape(self.out_shape)
 
     def kernel_into(self, out, data, indices):
-        index = torch.where(indices < 0, indices + self.size, indices).reshape(-1)
-        rows = data.shape[:self.axis] + (index.numel(),) + data.shape[self.axis + 1:]
-        torch.index_select(data, self.axis, index, out=out.view(rows))
+        rows = out.view(data.shape[:self.axis] + (indices.numel(),) + data.shape[self.axis + 1:])
+        try:  # no wrapped copy of the indices while none is negative (the usual case)
+            torch.index_select(data, self.axis, indices.reshape(-1), out=rows)
+        except (IndexError, RuntimeError):  # a negative or an out-of-range index
+            index = torch.where(indices < 0, indices + self.size, indices).reshape(-1)
+            torch.index_select(data, self.axis, index, out=rows)
         return out
 
     def grad(self, g):
@@ -170,7 +173,11 @@ class GatherGrad(_AxisGatherGrad):
         return self._add_into(dy.new_zeros(self.attrs.shape), dy, indices)
 
     def kernel_into(self, out, dy, indices):
-        return self._add_into(out.zero_(), dy, indices)
+        try:  # no wrapped copy of the indices while none is negative (the usual case)
+            rows = dy.reshape(self.rows_shape)
+            return out.zero_().index_add_(self.attrs.axis, indices.reshape(-1), rows)
+        except (IndexError, RuntimeError):  # a negative or an out-of-range index: start over
+            return self._add_into(out.zero_(), dy, indices)
 
     def _add_into(self, dx, dy, indices):
         index = _wrap_negative(indices, self.size).reshape(-1)
@@ -196,6 +203,15 @@ class GatherGradAdd(GatherGrad):
     def kernel(self, dy, indices, acc):
         index = _wrap_negative(indices, self.size).reshape(-1)
         return acc.index_add_(self.attrs.axis, index, dy.reshape(self.rows_shape))
+
+    def scratch_infos(self):  # device/arena.py: which indices are negative, and if any is
+        return tuple(TensorInfo(DataType.BOOL, s) for s in ((self.inputs[1].info.nelms,), ()))
+
+    def kernel_scratch(self, out, negative, any_negative, dy, indices, acc):
+        flat = indices.reshape(-1)  # wrapped (a copy) only when an index is negative
+        if bool(torch.any(torch.lt(flat, 0, out=negative), 0, out=any_negative)):
+            return self.kernel(dy, indices, acc)
+        return acc.index_add_(self.attrs.axis, flat, dy.reshape(self.rows_shape))
 
 
 @register_op("GatherElements", versions=(11, 13))

@@ -273,6 +273,24 @@ class Scale(ElementwiseUnary):
         out = x * self.attrs.scale
         return out if out.dtype == x.dtype else out.to(x.dtype)
 
+    # The static memory plan (device/arena.py): float32/64 write into their arena buffer
+    # and multiply by a 0-d scratch tensor holding the factor (x * float would wrap it in a
+    # fresh one each call; the product is the same, the factor rounded to x's dtype either way).
+    writes_into = True
+
+    def kernel_into(self, out, x):
+        if x.dtype not in (torch.float32, torch.float64):
+            return self.kernel(x)
+        return torch.mul(x, self.attrs.scale, out=out)
+
+    def scratch_infos(self):
+        info = self.inputs[0].info
+        return (info.with_shape(()),) if info.dtype.torch in (torch.float32, torch.float64) else ()
+
+    def kernel_scratch(self, out, factor, x):
+        factor.fill_(self.attrs.scale)
+        return torch.mul(x, factor) if out is None else torch.mul(x, factor, out=out)
+
     def grad(self, g):
         g.set_input_grad(0, g.op("Scale", g.output_grad(0), domain=GC, scale=self.attrs.scale))
 

@@ -144,6 +144,7 @@ class Init(Op):
     )
 
     foldable = False  # a fresh buffer per run: in-place updates must not touch a constant
+    allocates_only = True  # no compute: a phase holding only Inits hides no prefetch
 
     @dataclass(frozen=True)
     class Attrs:

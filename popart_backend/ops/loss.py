@@ -8,11 +8,13 @@ labels (Nll), as torch's losses do.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from ..dtypes import DataType
 from ..errors import ShapeError, popart_exception
 from ..ir.op import Op
 from ..ir.signature import FLOAT, INT, REQUIRED, AttrSpec, BuilderMethod
@@ -274,6 +276,32 @@ class OnnxLossBase(Op):
             per = per * dloss
         return labels, per
 
+    def label_scratch_infos(self, scores: TensorInfo) -> tuple:
+        """The scratch buffers (ir/op.py ``scratch_infos``) of ``label_weights_into`` plus
+        the negated factor, for scores [N, C, d1..] and no class weights: kept-label mask,
+        labels, factor, negated factor, summed factor."""
+        rows = scores.shape[:1] + scores.shape[2:]
+        return (TensorInfo(DataType.BOOL, rows), TensorInfo(DataType.INT64, rows),
+                scores.with_shape(rows), scores.with_shape(rows), scores.with_shape(()))
+
+    def label_weights_into(self, dloss, labels, keep, index, per, total):
+        """``label_weights`` without class weights, each temporary written into its scratch
+        buffer (the same values); the factor comes back unsqueezed to [N, 1, d1..]."""
+        labels = labels.long()
+        if self.attrs.ignore_index is not None:
+            torch.ne(labels, self.attrs.ignore_index, out=keep)
+            labels = index.copy_(keep).mul_(labels)  # ignored labels -> 0
+            per.copy_(keep)
+        else:
+            per.fill_(1)
+        if self.attrs.reduction == "mean":
+            torch.sum(per, tuple(range(per.dim())), out=total)
+            total.clamp_(min=torch.finfo(per.dtype).tiny)
+            per.mul_(torch.div(dloss, total, out=total))
+        else:
+            per.mul_(dloss)
+        return labels, per.unsqueeze(1)
+
     def loss_grad(self, g, grad_type: str, *extra: str) -> None:
         weights = g.input(2) if g.has_input(2) else None
         g.set_input_grad(0, g.op(grad_type, g.output_grad(0), g.input(0), g.input(1), weights,
@@ -324,6 +352,24 @@ class SoftmaxCrossEntropyLoss(OnnxLossBase):
             return loss
         return loss, logp if self.outputs[1] is not None else None
 
+    def scratch_infos(self):
+        """The static memory plan (device/arena.py): the log-probabilities, when they are no
+        output, and nll_loss's summed weight live in the arena instead of each step's heap."""
+        scores = self.inputs[0].info
+        if (len(self.outputs) > 1 and self.outputs[1] is not None) or scores.rank != 2:
+            return ()
+        return scores, scores.with_shape(())
+
+    def kernel_scratch(self, out, logp, total, scores, labels, weights=None):
+        torch._log_softmax(scores, 1, False, out=logp)
+        # nll_loss's own kernel (F.nll_loss calls it for [N, C]) with its outputs given.
+        ignore = self.attrs.ignore_index if self.attrs.ignore_index is not None else -100
+        reduction = ("none", "mean", "sum").index(self.attrs.reduction)
+        loss = torch.empty(labels.shape if reduction == 0 else (), dtype=scores.dtype)
+        torch.ops.aten.nll_loss_forward.output(logp, labels.long(), weights, reduction, ignore,
+                                               output=loss, total_weight=total)
+        return loss
+
     def grad(self, g):
         has_logp = len(self.outputs) > 1 and self.outputs[1] is not None
         self.loss_grad(g, "SoftmaxCrossEntropyLossGrad", *([g.output_grad(1)] if has_logp else []))
@@ -343,6 +389,22 @@ class SoftmaxCrossEntropyLossGrad(OnnxLossBase):
     def kernel(self, dloss, scores, labels, weights=None, dlogp=None):
         return self.kernel_into(None, dloss, scores, labels, weights, dlogp)
 
+    def scratch_infos(self):
+        """The per-label temporaries of the fused gradient (no class weights, no
+        log-probabilities' gradient): kept-label mask, labels, factor, its negation, sum."""
+        ins = self.inputs
+        if any(len(ins) > i and ins[i] is not None for i in (3, 4)):
+            return ()
+        return self.label_scratch_infos(ins[1].info)
+
+    def kernel_scratch(self, out, keep, index, per, negated, total, dloss, scores, labels,
+                       weights=None, dlogp=None):
+        labels, per = self.label_weights_into(dloss, labels, keep, index, per, total)
+        probs = (torch.softmax(scores, dim=1) if out is None
+                 else torch._softmax(scores, 1, False, out=out))
+        return probs.mul_(per).scatter_add_(1, labels.unsqueeze(1),
+                                            torch.neg(per, out=negated.unsqueeze(1)))
+
     def kernel_into(self, out, dloss, scores, labels, weights=None, dlogp=None):
         if dlogp is None:
             # The NLL gradient g is -per at the label, 0 elsewhere, so the log-softmax backward
@@ -360,3 +422,92 @@ class SoftmaxCrossEntropyLossGrad(OnnxLossBase):
         return torch._log_softmax_backward_data(grad.add_(dlogp), logp, 1, scores.dtype, out=out)
 
 
+
+
+# --- cross-entropy from a saved softmax (transforms/fuse_grad_cross_entropy.py) --------------
+
+
+class _FromProbs(OnnxLossBase):
+    """Shared by the two ops a training fusion makes of SoftmaxCrossEntropyLoss and its
+    gradient: both read the softmax P [N, C] of the scores, computed once in the forward."""
+
+    public = False  # made by a fusion only; not a builder op
+
+    def check_probs(self, probs, labels, weights):
+        if probs.rank != 2 or probs.dtype.torch not in (torch.float32, torch.float64):
+            raise ShapeError(f"{self.debug_name}: the softmax {probs} must be a float32 or "
+                             f"float64 [N, C] tensor.")
+        return self.check(probs, labels, weights)
+
+
+@register_op("SoftmaxCrossEntropyFromProbs", versions=1, domain=AI_GRAPHCORE)
+class SoftmaxCrossEntropyFromProbs(_FromProbs):
+    """The SoftmaxCrossEntropyLoss loss from the softmax P of its scores: -log P at each label,
+    weighted, ignored labels dropped, reduced as the ONNX op does. Where the probability at a
+    label is below the dtype's smallest normal number (log P would lose digits or be -inf),
+    the log-probability comes from the scores instead, x[label] - logsumexp(x)."""
+
+    def infer(self, probs, scores, labels, weights=None):
+        if scores != probs:
+            raise ShapeError(f"{self.debug_name}: the scores {scores} must match the softmax "
+                             f"{probs}.")
+        return self.check_probs(probs, labels, weights)
+
+    def kernel(self, probs, scores, labels, weights=None):
+        labels = labels.long()
+        ignore = self.attrs.ignore_index if self.attrs.ignore_index is not None else -100
+        keep = labels != ignore
+        safe = torch.where(keep, labels, 0)
+        if bool(((safe < 0) | (safe >= probs.shape[1])).any()):
+            bad = labels[keep & ((labels < 0) | (labels >= probs.shape[1]))]
+            raise popart_exception(
+                f"{self.debug_name}: label {int(bad[0])} is outside the {probs.shape[1]} classes "
+                f"[0, {probs.shape[1] - 1}]; fix the labels, or set ignore_index for padding.")
+        rows = safe.unsqueeze(1)
+        logp = probs.gather(1, rows).squeeze(1).log_()
+        small = (logp < math.log(torch.finfo(probs.dtype).tiny)).nonzero().squeeze(1)
+        if small.numel():
+            # P = exp(x - max x) / s peaks at 1 / s where x does: logsumexp(x) is
+            # max x - log(max P), two reductions with no exp and no temporary.
+            peak = probs.amax(1).index_select(0, small).log_()
+            lse = scores.amax(1).index_select(0, small) - peak
+            logp[small] = scores[small, safe[small]] - lse
+        w = weights.to(probs.dtype)[safe] if weights is not None else torch.ones_like(logp)
+        w = w * keep
+        per = torch.where(keep, -logp * w, 0.0)  # ignored rows: 0, even for non-finite scores
+        if self.attrs.reduction == "none":
+            return per
+        if self.attrs.reduction == "sum":
+            return per.sum()
+        return per.sum() / w.sum()
+
+
+@register_op("SoftmaxCrossEntropyGradFromProbs", versions=1, domain=AI_GRAPHCORE)
+class SoftmaxCrossEntropyGradFromProbs(_FromProbs):
+    """d scores of SoftmaxCrossEntropyLoss written over the softmax P it reads (its output is
+    P's storage): P * per minus per at the label, where per is dloss times the label's weight
+    (Mean: over the summed weights of the kept labels; 0 for ignored labels). The same
+    arithmetic as SoftmaxCrossEntropyLossGrad without computing the softmax again."""
+
+    modifies_inputs = (1,)
+
+    def infer(self, dloss, probs, labels, weights=None):
+        self.check_probs(probs, labels, weights)
+        return probs
+
+    def kernel(self, dloss, probs, labels, weights=None):
+        labels, per = self.label_weights(dloss, labels, weights, probs.dtype)
+        per = per.unsqueeze(1)
+        return probs.mul_(per).scatter_add_(1, labels.unsqueeze(1), per.neg())
+
+    def scratch_infos(self):
+        """The per-label temporaries, without class weights (device/arena.py)."""
+        if len(self.inputs) > 3 and self.inputs[3] is not None:
+            return ()
+        return self.label_scratch_infos(self.inputs[1].info)
+
+    def kernel_scratch(self, out, keep, index, per, negated, total, dloss, probs, labels,
+                       weights=None):
+        labels, per = self.label_weights_into(dloss, labels, keep, index, per, total)
+        return probs.mul_(per).scatter_add_(1, labels.unsqueeze(1),
+                                            torch.neg(per, out=negated.unsqueeze(1)))

@@ -186,6 +186,20 @@ class ReduceMean(Reduce):
             return self.kernel(x, axes)
         return torch.mean(x, self.dims, keepdim=self.keepdims, out=out)
 
+    def scratch_infos(self):
+        """float32/64 (device/arena.py): the count as a 0-d tensor, which torch.mean(out=)
+        would wrap afresh each call; sum then divide is what mean computes for these."""
+        info = self.inputs[0].info
+        if self.lift or info.dtype.torch not in (torch.float32, torch.float64):
+            return ()
+        return (info.with_shape(()),)
+
+    def kernel_scratch(self, out, count, x, axes=None):
+        if out is None:
+            return self.kernel(x, axes)
+        torch.sum(x, self.dims, keepdim=self.keepdims, out=out)
+        return out.div_(count.fill_(self.count))
+
     def grad(self, g):
         self.fused_grad(g, "ReduceMeanGrad")
 

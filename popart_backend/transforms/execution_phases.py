@@ -27,7 +27,8 @@ passes and recomputation, then:
    (made by ``Init``) of each IPU that reads it, right after the producer (or in the next
    phase, after the inter-IPU copy, for the other IPU), ``RemoteLoad`` per later (phase, IPU)
    of readers. Values read in the same or the next phase stay on chip (the next phase's IPU gets
-   them through an ``IpuCopy``);
+   them through an ``IpuCopy``). A value an op wrote in place into an activation's storage is
+   streamed like any other (from its writer's phase); one written into a variable is not;
 5. makes the phases run in sequence within each fragment: every op of phase p + 1 runs after
    every op of phase p (scheduling constraints from the last ops of p to the first ops of
    p + 1).
@@ -289,12 +290,13 @@ class ExecutionPhases:
         streamed = 0
         schedule = self.settings.activationIOSchedule
         for op in order:
-            if op.settings.execution_context is not _NORMAL or op.modifies_inputs or (
-                    op.remote_transfer):
+            if op.settings.execution_context is not _NORMAL or op.remote_transfer:
                 continue
             for out in op.outputs:
                 if out is None or out.kind is not TensorKind.ACT_GRAD or out.id in keep:
                     continue
+                if op.modifies_inputs and not _activation_storage(out):
+                    continue  # written in place into a variable (or its loaded copy)
                 made = _phase(op)
                 far: dict[tuple[int, int], list[Op]] = defaultdict(list)
                 for reader in {r.id: r for r in out.consumers}.values():
@@ -369,6 +371,30 @@ class ExecutionPhases:
 
 def _modifies(op: Op, tensor: Tensor) -> bool:
     return any(i < len(op.inputs) and op.inputs[i] is tensor for i in op.modifies_inputs)
+
+
+def _aliased_input(op: Op, out: Tensor) -> Tensor | None:
+    """The input of in-place ``op`` whose storage its output ``out`` shares; None for a fresh
+    output (matched as ``_alias_output`` matches them)."""
+    for index in op.modifies_inputs:
+        source = op.inputs[index] if index < len(op.inputs) else None
+        if source is not None and _alias_output(op, source) is out:
+            return source
+    return None
+
+
+def _activation_storage(tensor: Tensor) -> bool:
+    """Whether ``tensor`` is stored in an activation's storage: follows in-place outputs to the
+    input they write and loaded copies to what was loaded; False when that ends at a variable
+    (an accumulator or running statistic updated in place), a constant or a host stream."""
+    while tensor.producer is not None:
+        op = tensor.producer
+        source = (op.inputs[0] if op.remote_transfer and not op.modifies_inputs
+                  else _aliased_input(op, tensor) if op.modifies_inputs else None)
+        if source is None:
+            break
+        tensor = source
+    return tensor.kind is TensorKind.ACT_GRAD
 
 
 def _alias_output(op: Op, tensor: Tensor) -> Tensor | None:

@@ -31,6 +31,7 @@ from .fuse_conv_bn import FoldBatchNormIntoConv
 from .fuse_conv_bn_var import FoldVariableBatchNormIntoConv
 from .fuse_gelu import FuseGelu
 from .fuse_grad_update import FuseGradIntoUpdate
+from .fuse_grad_cross_entropy import FuseCrossEntropyGrad
 from .fuse_grad_sum import FuseSliceGradSum
 from .fuse_tied_gather_grad import FuseTiedGatherGrad
 from .fuse_layer_norm import FuseLayerNorm
@@ -202,6 +203,8 @@ def training_passes(options, loss_id: str, optimizer, accumulation_factor: int,
     passes.append(HalfPartialConvs(unmark_unsupported=True))
     passes.append(FuseSliceGradSum())  # split gradients autodiff summed: one Concat
     passes.append(FuseTiedGatherGrad())  # a tied embedding's rows added into its product grad
+    # The cross-entropy's softmax once, in the forward, its gradient written over it.
+    passes.append(FuseCrossEntropyGrad())
     if options.decomposeGradSum:
         passes.append(DecomposeGradSums())  # the gradient sums autodiff added
     if fp32_scale:

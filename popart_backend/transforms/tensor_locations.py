@@ -22,7 +22,8 @@ Per tensor:
    candidates that can be sharded and records them in ``Ir.sharded_variables``; given that
    record (``sharded=``), the resolution reports exactly the tensors the pass sharded as On.
 5. An off-chip activation whose readers all run right after its producer has no window to be
-   moved off chip: it stays OnChip. A device without streaming memory keeps everything OnChip.
+   moved off chip: it stays OnChip. The readers of a value written in place into its storage
+   (``aliases``) are its readers too. A device without streaming memory keeps everything OnChip.
 
 Execution phases (transforms/execution_phases.py) make the streaming explicit: a tensor only
 RemoteLoad / RemoteStore ops read (a streamed weight, an activation's remote buffer) is OffChip
@@ -200,6 +201,12 @@ def resolve_tensor_locations(graph: Graph, order: Sequence[Op], options: Session
     overrides = options.tensorLocationSettingsOverride
     position = {op.id: i for i, op in enumerate(order)}
     result: dict[str, ResolvedLocation] = {}
+    # Per storage root, the readers of the values written in place into it: they use the
+    # root's storage too, so they count for its window (step 5).
+    alias_readers: dict[str, list[Op]] = {}
+    for tid, root in aliases.items():
+        if tid in graph.tensors:
+            alias_readers.setdefault(root, []).extend(graph.tensors[tid].consumers)
     for tensor in graph.tensors.values():
         if tensor.id in aliases:
             continue
@@ -211,7 +218,8 @@ def resolve_tensor_locations(graph: Graph, order: Sequence[Op], options: Session
                                         f"OnChip: {fixed_reason}")
         else:
             resolved = _resolve(tensor, kind, options, overrides, output_locations, position,
-                                has_streaming_memory, sharded)
+                                has_streaming_memory, sharded,
+                                alias_readers=alias_readers.get(tensor.id, ()))
         result[tensor.id] = resolved
     for tid, root in aliases.items():
         if root in result and tid in graph.tensors:
@@ -264,8 +272,10 @@ def _resolve(tensor: Tensor, kind: TensorType, options: SessionOptions,
              output_locations: Mapping[str, TensorLocation], position: dict[int, int],
              has_streaming_memory: bool,
              sharded: Mapping[str, object] | None = None,
-             phase_query: bool = False) -> ResolvedLocation:
-    """``phase_query``: the execution-phase pass asking whether to stream the tensor."""
+             phase_query: bool = False,
+             alias_readers: Sequence[Op] = ()) -> ResolvedLocation:
+    """``phase_query``: the execution-phase pass asking whether to stream the tensor.
+    ``alias_readers``: the readers of the values written in place into the tensor's storage."""
     settings: TensorLocationSettings = getattr(options, _SETTINGS_FIELD[kind])
     producer = tensor.producer
     if tensor.id in overrides:
@@ -295,8 +305,8 @@ def _resolve(tensor: Tensor, kind: TensorType, options: SessionOptions,
         reason += _NO_STREAMING
     if storage is TensorStorage.OffChip and kind is TensorType.Activation and (
             producer is not None):
-        uses = sorted(position[op.id] for op in (producer, *tensor.consumers)
-                      if op.id in position)
+        uses = sorted({position[op.id] for op in (producer, *tensor.consumers, *alias_readers)
+                       if op.id in position})
         if all(b - a <= 1 for a, b in zip(uses, uses[1:])):
             storage = TensorStorage.OnChip
             reason += "; OnChip as its readers run right after its producer (no window)"

@@ -105,35 +105,26 @@ class CompileMixin:
         return leaves, signature
 
     def _select(self, leaves, signature) -> _Executable:
+        """The executable of ``signature``: the compiled one, or a new one when the wrapper is
+        not compiled yet. A wrapper holds at most one executable (``_active``; compiling,
+        ``loadExecutable`` and ``destroy`` keep ``_executables`` to it), so there is never
+        another one to switch to."""
         key = signature.key()
         executable = self._executables.get(key)
-        if executable is None:
-            if self._active is not None:
-                # As PopTorch: a compiled wrapper takes only the inputs it was compiled for.
-                change = _diff(self._active.traced.signature, signature)
-                raise Error(f"The inputs differ from those used to compile: {change}. "
-                            f"A compiled wrapper only takes inputs of the compiled structure, "
-                            f"shapes, dtypes and constant values; build a new wrapper or call "
-                            f"destroy() to recompile.", type="input_changed")
-            executable = self._compile(leaves, signature)
-            self._executables[key] = executable
-            self._switch_to(executable, fresh=True)
-        elif executable is not self._active:
-            self._switch_to(executable, fresh=False)
-        return executable
-
-    def _switch_to(self, executable: _Executable, fresh: bool) -> None:
-        # The host is current here: _compile() pulled before tracing, or we pull now.
-        self._link.pull()
-        previous = self._active
-        if previous is not None and self._training and self._attached:
-            self._read_optimizer_state()
+        if executable is not None:
+            return executable
+        if self._active is not None:
+            # As PopTorch: a compiled wrapper takes only the inputs it was compiled for.
+            change = _diff(self._active.traced.signature, signature)
+            raise Error(f"The inputs differ from those used to compile: {change}. "
+                        f"A compiled wrapper only takes inputs of the compiled structure, "
+                        f"shapes, dtypes and constant values; build a new wrapper or call "
+                        f"destroy() to recompile.", type="input_changed")
+        executable = self._compile(leaves, signature)
+        self._executables[key] = executable
+        self._link.pull()  # the host is current before the first run
         self.__dict__["_active"] = executable
-        if not fresh and self._attached:
-            self.copyWeightsToDevice()
-        if self._training and previous is not None and self._attached:
-            # The new executable continues from the old one's optimizer state.
-            self._write_optimizer_state()
+        return executable
 
     def _compile(self, leaves, signature) -> _Executable:
         for hook in _pre_compile_hooks:

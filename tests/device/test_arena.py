@@ -249,6 +249,15 @@ INTO_CASES = [
     ("Softmax", [_f(4, 6, 3)], {"axis": 1}, {}),
     ("Softmax", [_f(4, 6, 3)], {"axis": 1}, {"opset": 11}),  # coerced to 2-D
     ("LogSoftmax", [_f(4, 6)], {"axis": -1}, {}),
+    # Scratch kernels (Op.scratch_infos): a 0-d factor / count instead of a wrapped scalar.
+    ("Scale", [_f(4, 6)], {"scale": -0.37}, {"domain": "ai.graphcore"}),
+    ("ReduceMean", [_f(4, 6, 5)], {"axes": [0, 2], "keepdims": 0}, {}),
+    ("Gather", [_f(7, 5), np.array([[3, 1, 0], [6, 6, 2]], np.int64)], {"axis": 0}, {}),
+    # Without a negative index the into-kernels use the indices as they are.
+    ("GatherGrad", [_f(2, 3, 5), np.array([[3, -1, 0], [6, 6, 2]], np.int64)],
+     {"axis": 0, "shape": [7, 5]}, {"domain": "ai.graphcore"}),
+    ("GatherGrad", [_f(4, 3, 2), np.array([1, 5, 1], np.int32)],
+     {"axis": 1, "shape": [4, 7, 2]}, {"domain": "ai.graphcore"}),
 ]
 
 
@@ -262,7 +271,7 @@ def test_into_kernel_matches_the_kernel_bit_for_bit(op_type, inputs, attrs, extr
     names = [f"in{i}" for i in range(len(inputs))]
     types = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int32): TensorProto.INT32,
              np.dtype(np.int64): TensorProto.INT64}
-    node = helper.make_node(op_type, names, ["t"], **attrs)
+    node = helper.make_node(op_type, names, ["t"], domain=extra.get("domain", ""), **attrs)
     graph = helper.make_graph(
         [node, helper.make_node("Neg", ["t"], ["y"])], "one",
         [helper.make_tensor_value_info(n, types[v.dtype], v.shape)
@@ -270,7 +279,8 @@ def test_into_kernel_matches_the_kernel_bit_for_bit(op_type, inputs, attrs, extr
         [helper.make_tensor_value_info("y", TensorProto.UNDEFINED, None)],
         initializer=[numpy_helper.from_array(v, n) for i, (n, v) in enumerate(zip(names, inputs))
                      if i in const])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                    helper.make_opsetid("ai.graphcore", 1)])
     model.ir_version = 8
     results = []
     for use_arena in (True, False):
@@ -321,6 +331,14 @@ def _reference(op_type, xs, attrs, opset=13):
         axis = attrs["axis"]
         index = torch.where(index < 0, index + data.shape[axis], index).long()
         return torch.from_numpy(np.take(data.numpy(), index.numpy(), axis=axis))
+    if op_type == "GatherGrad":
+        dy, index = xs
+        axis, shape = attrs["axis"], attrs["shape"]
+        index = torch.where(index < 0, index + shape[axis], index).long().reshape(-1)
+        rows = shape[:axis] + [index.numel()] + shape[axis + 1:]
+        return torch.zeros(shape).index_add_(axis, index, dy.reshape(rows))
+    if op_type == "Scale":
+        return xs[0].double().mul(attrs["scale"]).float()
     if op_type == "Concat":
         return torch.from_numpy(np.concatenate([x.numpy() for x in xs], axis=attrs["axis"]))
     if op_type == "Softmax":  # along axis 1 of a 3-D input
@@ -336,4 +354,6 @@ def _reference(op_type, xs, attrs, opset=13):
         shifted = x - x.max(-1, keepdims=True)
         return torch.from_numpy((shifted - np.log(np.exp(shifted).sum(-1, keepdims=True)))
                                 .astype(np.float32))
+    if "axes" in attrs and len(attrs["axes"]) > 1:
+        return xs[0].double().mean(dim=tuple(attrs["axes"])).float()
     return xs[0].mean(dim=1, keepdim=True)

@@ -43,7 +43,8 @@ def _labelled(fn, label):
 def labelled_kernels(monkeypatch):
     """Every op's kernel and into-kernel run inside a profiler label naming the op."""
     for cls in set(_op_classes()):
-        for name, label in (("kernel", ""), ("kernel_into", ":into")):
+        for name, label in (("kernel", ""), ("kernel_into", ":into"),
+                            ("kernel_scratch", ":scratch")):
             if name in cls.__dict__:
                 monkeypatch.setattr(cls, name, _labelled(cls.__dict__[name], label))
 
@@ -129,9 +130,6 @@ LOGITS = BATCH * SEQ * V * 4
 ALLOWED = {
     # The logits are an output the host reads (an anchor): the run hands over a fresh tensor.
     "LinearBias", "MatMul",
-    # The loss forward's log-softmax is a temporary inside the op (its output is the scalar
-    # loss), which the arena does not hold.
-    "SoftmaxCrossEntropyLoss",
 }
 
 
@@ -150,7 +148,7 @@ def test_transformer_training_steps_allocate_no_large_tensor(labelled_kernels, n
                   if size >= large and op.split(":")[0] not in ALLOWED})
     assert not big, f"{name}: ops allocating >= {large} bytes per step: {big}"
     closed = {"SoftmaxCrossEntropyLossGrad", "Softmax", "SoftmaxGrad", "Concat", "Gather",
-              "GatherGrad"}
+              "GatherGrad", "SoftmaxCrossEntropyFromProbs", "SoftmaxCrossEntropyGradFromProbs"}
     # They may make index-sized temporaries (wrapped indices, per-label weights: at most
     # BATCH * SEQ int64), nothing of their float outputs' size (BATCH * SEQ * D floats or more).
     float_outputs = [(op, aten, size) for op, aten, size in found
@@ -159,16 +157,21 @@ def test_transformer_training_steps_allocate_no_large_tensor(labelled_kernels, n
 
 
 def test_gpt2_cross_entropy_gradient_is_written_into_the_arena(labelled_kernels):
-    """The one-output cross-entropy gradient (float [N, V] from integer labels) has an arena
-    buffer and its into-kernel returns it: no allocation of the logits' size under it."""
+    """The cross-entropy's softmax (float [N, V], computed once in the forward:
+    transforms/fuse_grad_cross_entropy.py) has an arena buffer, the gradient is written over
+    it in place, and neither the loss nor its gradient allocates anything of the logits' size
+    (before, the loss forward allocated a log-softmax and the gradient a softmax every step)."""
     wrapper, found = _steady_allocations(_gpt2(), _gpt2_batch())
     plan = wrapper._active.session._device.plan
-    grads = [s for s in plan.steps if s[5].op_type == "SoftmaxCrossEntropyLossGrad"]
-    assert len(grads) == 1 and grads[0][2] in plan.buffer_slots
-    assert not [f for f in found if f[0].startswith("SoftmaxCrossEntropyLossGrad")
-                and f[2] >= LOGITS // 4]
-    # Before, its softmax allocated the whole [N, V] gradient every step.
-    assert any(f[0] == "SoftmaxCrossEntropyLoss" and f[2] >= LOGITS for f in found)
+    types = [s[5].op_type for s in plan.steps]
+    assert "SoftmaxCrossEntropyLoss" not in types and "SoftmaxCrossEntropyLossGrad" not in types
+    softmax = [s for s in plan.steps if s[5].op_type == "Softmax"
+               and s[5].outputs[0].consumers[0].op_type == "SoftmaxCrossEntropyFromProbs"]
+    grads = [s for s in plan.steps if s[5].op_type == "SoftmaxCrossEntropyGradFromProbs"]
+    assert len(softmax) == 1 and softmax[0][2] in plan.buffer_slots
+    assert len(grads) == 1 and grads[0][5].inputs[1] is softmax[0][5].outputs[0]
+    loss_ops = ("Softmax", "SoftmaxCrossEntropyFromProbs", "SoftmaxCrossEntropyGradFromProbs")
+    assert not [f for f in found if f[0].split(":")[0] in loss_ops and f[2] >= LOGITS // 4]
 
 
 def test_cnn_training_steps_allocate_no_large_tensor_outside_the_batch_norm_and_conv(

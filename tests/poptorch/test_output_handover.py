@@ -65,3 +65,26 @@ def test_outputs_aliasing_inputs_or_weights_are_independent():
             assert_allclose(actual=got, expected=want)
     assert first[3].data_ptr() != second[3].data_ptr()
     wrapper.destroy()
+
+
+def test_large_output_reuses_a_dropped_result_and_never_a_held_one():
+    """A large result (1 MiB logits, device/recycle.py) is written into the previous call's
+    result once the caller dropped it; a result still held, or a view of it, never changes."""
+    torch.manual_seed(2)
+    model = torch.nn.Linear(16, 4096)
+    wrapper = poptorch.inferenceModel(model)
+    xs = [torch.randn(64, 16, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    first = wrapper(xs[0])
+    address = first.data_ptr()
+    del first
+    second = wrapper(xs[1])
+    assert second.data_ptr() == address  # the dropped result's memory, no page faulted in
+    kept = second.clone()
+    row = second[3]  # a view keeps the result alive
+    del second
+    third = wrapper(xs[2])
+    assert third.data_ptr() != address
+    assert torch.equal(row, kept[3])
+    with torch.no_grad():
+        for x, out in ((xs[1], kept), (xs[2], third), (xs[3], wrapper(xs[3]))):
+            assert_allclose(actual=out, expected=model(x))

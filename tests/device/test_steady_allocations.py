@@ -1,0 +1,334 @@
+"""Steady-state steps allocate no tensor but the listed unavoidable ones (the static memory
+plan, device/arena.py: op outputs and op scratch in preallocated arenas).
+
+For the five benchmark workloads at tiny sizes (MLP, CNN, ResNet-like, BERT-like, GPT-2-like),
+trained (SGD with momentum) and run for inference through poptorch_lite, every CPU allocation
+of 10 steady steps (after 2 warm-up steps) is counted with the profiler's memory events and
+attributed to the op whose kernel made it (tests/device/test_arena_models.py labels each
+kernel). The counts must equal the table below exactly: a new allocation anywhere fails the
+test, and so does a removed one (update the table, with the reason, when you remove one).
+
+What is left, and why (per step):
+
+- anchors handed to the host (the logits of the last Gemm/MatMul/LinearBias; the loss): fresh
+  by design, the host keeps them;
+- poptorch's int32 range check of each int64 input (``-``: ``torch.aminmax``, two 0-d tensors
+  per int64 input, outside any op);
+- kernels torch gives no real ``out=`` path: LayerNorm forward and backward
+  (``native_layer_norm(.out)`` and ``native_layer_norm_backward(.out)`` are composites that
+  allocate and copy: slower and no fewer allocations), the attention kernels (sdpa and its
+  backward) and their dead-row mask check, oneDNN convolution and batch norm and their
+  backward, the channels-last copy of a convolution's input image (``-``);
+- ReduceMeanGrad's ``dy / count`` (a 0-d tensor torch wraps the Python count in, and the
+  quotient its output broadcasts), dtype-changing ops (Cast: the arena holds ops whose inputs
+  share the output dtype), and the cross-entropy forward from the saved softmax
+  (SoftmaxCrossEntropyFromProbs: label check, gathered log-probabilities, weights,
+  reduction), whose temporaries are not in scratch buffers yet.
+
+Removed so far: every into-kernel output (arena buffers), Gather/GatherGrad's wrapped index
+copy (used only when an index is negative), scratch buffers (``Op.scratch_infos``) for the
+cross-entropy gradients' per-label temporaries, the unfused cross-entropy forward's
+log-softmax, GatherGradAdd's negative-index test, and the 0-d factor/count of Scale and
+ReduceMean (torch wraps a Python scalar in a fresh tensor per call).
+
+Allocations are counted as profiler events whose own memory (not their children's) is
+positive: one per aten op making a new tensor.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+import poptorch_lite as poptorch
+from popart_backend.device import arena
+from popart_backend.transforms.fuse_grad_cross_entropy import FuseCrossEntropyGrad
+from tests.device.test_arena_models import labelled_kernels  # noqa: F401
+from tests.tiny_transformers import BATCH, SEQ, TinyBert, TinyGpt2
+
+V = 64
+STEPS = 10
+
+
+class _Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                                 nn.Linear(64, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def _cbr(cin, cout, stride=1):
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout),
+                         nn.ReLU())
+
+
+class _Cnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.features = nn.Sequential(_cbr(3, 8), _cbr(8, 16, 2))
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean((2, 3)))
+
+
+class _Basic(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+        self.c2, self.b2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+        self.short = None
+        if stride != 1 or cin != cout:
+            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                       nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = self.b2(self.c2(F.relu(self.b1(self.c1(x)))))
+        return F.relu(y + (x if self.short is None else self.short(x)))
+
+
+class _ResNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = _cbr(3, 8)
+        self.blocks = nn.Sequential(_Basic(8, 8, 1), _Basic(8, 16, 2))
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)).mean((2, 3)))
+
+
+class _WithLoss(nn.Module):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x, labels):
+        logits = self.net(x)
+        return logits, F.cross_entropy(logits, labels)
+
+
+class _Logits(nn.Module):
+    """A transformer's logits alone (inference)."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, *xs):
+        return self.net(*xs)[0]
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(3)
+    image = torch.randn(4, 3, 8, 8, generator=g)
+    vector = torch.randn(4, 32, generator=g)
+    classes = torch.randint(0, 10, (4,), generator=g)
+    ids = torch.randint(0, V, (BATCH, SEQ), generator=g)
+    next_ids = torch.randint(0, V, (BATCH, SEQ), generator=g)
+    mask = (torch.arange(SEQ)[None, :] < torch.tensor([SEQ, 5, 3])[:, None]).long()
+    return {"mlp": (vector, classes), "cnn": (image, classes), "resnet": (image, classes),
+            "bert": (ids, mask, torch.randint(0, 5, (BATCH,), generator=g)),
+            "gpt2": (ids, next_ids)}
+
+
+_TRAIN = {"mlp": lambda: _WithLoss(_Mlp()), "cnn": lambda: _WithLoss(_Cnn()),
+          "resnet": lambda: _WithLoss(_ResNet()), "bert": lambda: TinyBert(V),
+          "gpt2": lambda: TinyGpt2(V)}
+_INFER = {"mlp": _Mlp, "cnn": lambda: _Cnn().eval(), "resnet": lambda: _ResNet().eval(),
+          "bert": lambda: _Logits(TinyBert(V)), "gpt2": lambda: _Logits(TinyGpt2(V))}
+
+
+def _wrapper(name: str, train: bool):
+    opts = poptorch.Options().showCompilationProgressBar(False)
+    if train:
+        model = _TRAIN[name]()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        return poptorch.trainingModel(model, opts, optimizer)
+    return poptorch.inferenceModel(_INFER[name](), opts)
+
+
+def _args(name: str, train: bool) -> tuple:
+    args = _inputs()[name]
+    return args if train or name in ("bert", "gpt2") else args[:1]
+
+
+def allocating_ops(prof) -> list[tuple[str, str, int]]:
+    """(op label, aten op, bytes) of every profiler event that allocated CPU memory itself
+    (its own memory, not its children's, is positive: an aten op whose result is a new
+    tensor, even when a child allocates too), attributed to the innermost op label ('-'
+    outside any op)."""
+    found = []
+    for e in prof.events():
+        if e.self_cpu_memory_usage <= 0:
+            continue
+        owner, parent = "-", e
+        while parent is not None:
+            if parent.name.startswith("op:"):
+                owner = parent.name[3:]
+                break
+            parent = parent.cpu_parent
+        found.append((owner, e.name, e.self_cpu_memory_usage))
+    return found
+
+
+def steady_allocations(name: str, train: bool) -> Counter:
+    """Allocations per op (its kernel's label, '-' outside any op) over STEPS steady steps."""
+    wrapper, args = _wrapper(name, train), _args(name, train)
+    wrapper(*args)
+    wrapper(*args)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for _ in range(STEPS):
+            wrapper(*args)
+    wrapper.destroy()
+    return Counter(op for op, _aten, _size in allocating_ops(prof))
+
+
+# Per step, by op: the allocations left (see the module doc for each reason).
+_ANCHOR = "anchor handed to the host"
+_CHECK = "int32 range check of int64 inputs"
+_NO_OUT = "torch kernel without an out= path"
+_SCALAR = "Python scalar wrapped in a 0-d tensor by torch"
+_PENDING = "temporaries not yet in scratch buffers"
+
+# (count per step, reason) by op label ('-': outside any op kernel).
+_CE = {"SoftmaxCrossEntropyFromProbs": (16, _PENDING)}  # label check, log P, weights, mean
+_HEAD = {"Gemm": (1, _ANCHOR)}  # the logits (training: the loss is the other anchor)
+_LN = {"LayerNormalization": (9, _NO_OUT),  # 3 per LayerNorm: output, mean, rstd
+       "LayerNormalizationGrad": (12, _NO_OUT)}  # 3 per LayerNorm grad, + its resize_
+_ATTENTION = {"Attention": (6, _NO_OUT),  # sdpa outputs + the dead-row mask check (3)
+              "AttentionGrad": (8, _NO_OUT)}  # sdpa backward + the dead-row mask check (3)
+_BERT_MASK = {"Cast": (1, _PENDING)}  # int64 mask -> float: dtype-changing, no arena buffer
+# The pooling's gradient: dy / count (a wrapped Python scalar) and its broadcast result.
+_POOL_GRAD = {"ReduceMeanGrad": (2, _SCALAR)}
+
+EXPECTED: dict[tuple[str, str], dict[str, tuple[int, str]]] = {
+    ("mlp", "train"): {"-": (2, _CHECK), **_HEAD, **_CE},
+    ("mlp", "infer"): {**_HEAD},
+    ("cnn", "train"): {"-": (4, _CHECK + "; the input image in channels-last, " + _NO_OUT),
+                       "Conv": (2, _NO_OUT), "ConvGrad": (7, _NO_OUT),
+                       "BatchNormalizationTraining": (16, _NO_OUT),
+                       "BatchNormalizationGrad": (10, _NO_OUT),
+                       **_POOL_GRAD, **_HEAD, **_CE},
+    ("cnn", "infer"): {"-": (1, "the input image in channels-last, " + _NO_OUT),
+                       "Conv": (2, _NO_OUT), **_HEAD},
+    ("resnet", "train"): {"-": (4, _CHECK + "; the input image in channels-last, " + _NO_OUT),
+                          "Conv": (6, _NO_OUT), "ConvGrad": (22, _NO_OUT),
+                          "BatchNormalizationTraining": (48, _NO_OUT),
+                          "BatchNormalizationGrad": (30, _NO_OUT),
+                          **_POOL_GRAD, **_HEAD, **_CE},
+    ("resnet", "infer"): {"-": (1, "the input image in channels-last, " + _NO_OUT),
+                          "Conv": (6, _NO_OUT), **_HEAD},
+    ("bert", "train"): {"-": (6, _CHECK), **_LN, **_ATTENTION, **_BERT_MASK, **_HEAD, **_CE},
+    ("bert", "infer"): {"-": (5, _CHECK), "LayerNormalization": _LN["LayerNormalization"],
+                        "Attention": _ATTENTION["Attention"], **_BERT_MASK, **_HEAD},
+    ("gpt2", "train"): {"-": (4, _CHECK), **_LN, **_ATTENTION,
+                        # + the small-probability branch's index list (nonzero)
+                        "SoftmaxCrossEntropyFromProbs": (17, _PENDING),
+                        "LinearBias": (1, _ANCHOR)},  # the tied LM head's logits
+    ("gpt2", "infer"): {"-": (3, _CHECK), "LayerNormalization": _LN["LayerNormalization"],
+                        "Attention": _ATTENTION["Attention"], "MatMul": (1, _ANCHOR)},
+}
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "infer"])
+@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet", "bert", "gpt2"])
+def test_steady_steps_allocate_only_the_listed_tensors(labelled_kernels, name, train):
+    found = steady_allocations(name, train)
+    per_step = {op: n / STEPS for op, n in found.items()}
+    expected = {op: n for op, (n, _why) in EXPECTED[name, "train" if train else "infer"].items()}
+    diff = {op: (per_step.get(op, 0), expected.get(op, 0))
+            for op in set(per_step) | set(expected) if per_step.get(op, 0) != expected.get(op, 0)}
+    assert not diff, f"{name}: allocations per step (found, expected) differ: {diff}"
+
+
+# --- scratch buffers (Op.scratch_infos / kernel_scratch) -----------------------------------
+
+
+class _Classifier(nn.Module):
+    def __init__(self, reduction: str, ignore: int):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net, self.reduction, self.ignore = _Mlp(), reduction, ignore
+
+    def forward(self, x, labels):
+        logits = self.net(x)
+        return logits, F.cross_entropy(logits, labels, reduction=self.reduction,
+                                       ignore_index=self.ignore)
+
+
+def _classifier_batch():
+    g = torch.Generator().manual_seed(5)
+    return torch.randn(6, 32, generator=g), torch.randint(0, 10, (6,), generator=g)
+
+
+def _scratch_steps(wrapper) -> set[str]:
+    plan = wrapper._active.session._device.plan
+    return {s[5].op_type for s in plan.steps if getattr(s[0], "__name__", "") == "kernel_scratch"}
+
+
+def _run_classifier(train: bool, use_arena: bool, reduction: str, ignore: int, steps: int = 3):
+    previous, arena.enabled = arena.enabled, use_arena
+    try:
+        model = _Classifier(reduction, ignore)
+        opts = poptorch.Options().showCompilationProgressBar(False)
+        if train:
+            wrapper = poptorch.trainingModel(
+                model, opts, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+        else:
+            wrapper = poptorch.inferenceModel(model, opts)
+        x, labels = _classifier_batch()
+        labels[1] = ignore if ignore >= 0 else labels[1]  # one ignored label
+        losses = [wrapper(x, labels)[1].clone() for _ in range(steps)]
+        scratch = _scratch_steps(wrapper)
+        wrapper.destroy()
+    finally:
+        arena.enabled = previous
+    return losses, {k: v.clone() for k, v in model.state_dict().items()}, scratch, (x, labels)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+@pytest.mark.parametrize("reduction, ignore", [("mean", 3), ("sum", -100), ("mean", -100)])
+def test_cross_entropy_gradients_with_scratch_are_bit_identical(monkeypatch, fused, reduction,
+                                                                 ignore):
+    """The cross-entropy gradient's per-label temporaries (kept-label mask, labels, factor)
+    live in scratch buffers, fused with the forward softmax or not: the same losses and weights
+    bit for bit as without the arena, and the loss equal to torch's."""
+    if not fused:
+        monkeypatch.setattr(FuseCrossEntropyGrad, "run", lambda self, ir: False)
+    on = _run_classifier(True, True, reduction, ignore)
+    off = _run_classifier(True, False, reduction, ignore)
+    grad = "SoftmaxCrossEntropyGradFromProbs" if fused else "SoftmaxCrossEntropyLossGrad"
+    assert grad in on[2] and not off[2]
+    if not fused:
+        assert "SoftmaxCrossEntropyLoss" in on[2]
+    assert all(torch.equal(a, b) for a, b in zip(on[0], off[0]))
+    for k in on[1]:
+        assert torch.equal(on[1][k], off[1][k]), k
+    x, labels = on[3]
+    torch.testing.assert_close(on[0][0], _Classifier(reduction, ignore)(x, labels)[1].detach(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_cross_entropy_forward_log_probabilities_live_in_scratch():
+    """Inference with a loss: the log-softmax temporary of SoftmaxCrossEntropyLoss is a
+    scratch buffer; the loss is the same bit for bit as without the arena and equal to
+    torch's."""
+    on = _run_classifier(False, True, "mean", 3, steps=2)
+    off = _run_classifier(False, False, "mean", 3, steps=2)
+    assert on[2] == {"SoftmaxCrossEntropyLoss"} and not off[2]
+    assert torch.equal(on[0][0], off[0][0]) and torch.equal(on[0][1], off[0][0])
+    x, labels = on[3]
+    torch.testing.assert_close(on[0][0], _Classifier("mean", 3)(x, labels)[1].detach(),
+                               rtol=1e-6, atol=1e-6)
