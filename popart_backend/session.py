@@ -23,7 +23,6 @@ from . import progress
 from .dataflow import DataFlow, PyStepIO, anchor_shape
 from .device.analysis import DeviceModel, analyse
 from .device.distributed import check_global_replication, replica_comm
-from .device.fp_position import RunPosition, track_run
 from .device.lower import Program, lower
 from .device.manager import DeviceConnectionType
 from .device.run_tables import execution_order
@@ -44,7 +43,7 @@ from .options.session_options import SessionOptions
 from .report import report_directory, summary_text, write_auto_report
 from .session_fwd_only import ForwardOnlyMixin, build_forward_only
 from .session_methods import (IrSource, SessionMethodsMixin, check_64bit_inputs,
-                              check_64bit_ranges, mark_broadcast_inputs, remember_ir_source)
+                              mark_broadcast_inputs, remember_ir_source, run_checked)
 from .session_weights import HostWeights, WeightsMixin
 from .tensorinfo import InputShapeInfo, TensorInfo, input_settings_from_model
 from .transforms.pipeline import inference_passes, run_passes, training_passes
@@ -378,14 +377,7 @@ class SessionBase(WeightsMixin, SessionMethodsMixin, ExecutableMixin, ForwardOnl
                                        "session.initAnchorArrays() as its outputs instead.")
             streams = {s.id: s.info for s in (*self._program.inputs, *self._program.anchors)}
             stepio = self._value_io.flatten_step_io(stepio, streams)
-        if self._options.enableSupportedDataTypeCasting and isinstance(stepio, PyStepIO):
-            check_64bit_ranges(self._program, stepio)
-        if self._options.enableFloatingPointChecks:  # errors name the call and micro-batch
-            with track_run(RunPosition(self.name, self._runs + 1, self._replication_factor,
-                                       self._accumulation_factor, self._ir.main)):
-                device.run(stepio)
-        else:
-            device.run(stepio)
+        run_checked(self, device, self._program, stepio, self.name, self._runs + 1, self._ir.main)
         self._fwd_only_ran_last = False
         if self._training:
             self._host_weights_in_sync = False  # the device weights moved on

@@ -26,14 +26,13 @@ import logging
 from .dataflow import DataFlow, PyStepIO
 from .device.analysis import DeviceModel, analyse
 from .device.distributed import replica_comm
-from .device.fp_position import RunPosition, track_run
 from .device.lower import Program, lower
 from .device.run_tables import execution_order
 from .device.simulator import SimulatedDevice
 from .device.transfers import BatchInfo
 from .errors import popart_exception, popart_runtime_error
 from .importer.onnx_model import import_model
-from .session_methods import check_64bit_ranges
+from .session_methods import run_checked
 from .transforms.pipeline import inference_passes, run_passes
 
 __all__ = ["FWD_ONLY_HANDLE", "ForwardOnlyMixin", "ForwardOnlyProgram", "build_forward_only"]
@@ -143,18 +142,11 @@ class ForwardOnlyMixin:
                 BatchInfo.from_program(fwd.program), program=fwd.program,
                 model=self._model.proto)
             fwd.device = device
-        # The same per-run checks as run(stepio).
-        if self._options.enableSupportedDataTypeCasting and isinstance(stepio, PyStepIO):
-            check_64bit_ranges(fwd.program, stepio)
         shared = fwd.shared_weights(self._program)
         fwd.device.write_weights(training_device.read_weights(shared))
-        position = None
-        if self._options.enableFloatingPointChecks:  # errors name the call and micro-batch
-            position = RunPosition(f"{self.name}' program '{handle}", fwd.runs + 1,
-                                   self._replication_factor, self._accumulation_factor,
-                                   fwd.ir.main)
-        with track_run(position):
-            fwd.device.run(_only_anchors(stepio, {a.id for a in fwd.program.anchors}))
+        run_checked(self, fwd.device, fwd.program,
+                    _only_anchors(stepio, {a.id for a in fwd.program.anchors}),
+                    f"{self.name}' program '{handle}", fwd.runs + 1, fwd.ir.main)
         fwd.runs += 1
         self._fwd_only_ran_last = True
 

@@ -25,6 +25,8 @@ from .builder.public_types import IrSerializationFormat
 from .device.manager import DeviceInfo
 from .dtypes import DataType
 from .errors import OutOfMemoryError, OutOfMemoryException, StepIOError, popart_exception
+from .dataflow import PyStepIO
+from .device.fp_position import RunPosition, track_run
 from .ir.dot import DotWriter
 from .ir.dump import ir_to_json
 from .report import PROFILING_DISABLED, Report, profiling_enabled, summary_text
@@ -90,6 +92,22 @@ def check_64bit_inputs(program, options) -> None:
             f"SessionOptions.enableSupportedDataTypeCasting is False. Set it to True (the "
             f"default) to cast them to 32 bits at the stream, or give the inputs as INT32 / "
             f"UINT32.")
+
+
+def run_checked(session, device, program, stepio, label: str, run_number: int,
+                main_graph) -> None:
+    """``device.run(stepio)`` after the per-run checks every program of ``session`` shares:
+    64-bit input ranges (``enableSupportedDataTypeCasting``), and with
+    ``enableFloatingPointChecks`` the run's position, which floating-point errors name."""
+    options = session._options
+    if options.enableSupportedDataTypeCasting and isinstance(stepio, PyStepIO):
+        check_64bit_ranges(program, stepio)
+    if not options.enableFloatingPointChecks:
+        device.run(stepio)
+        return
+    with track_run(RunPosition(label, run_number, session._replication_factor,
+                               session._accumulation_factor, main_graph)):
+        device.run(stepio)
 
 
 def check_64bit_ranges(program, stepio) -> None:
