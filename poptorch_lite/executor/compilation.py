@@ -122,7 +122,7 @@ class CompileMixin:
                         f"destroy() to recompile.", type="input_changed")
         executable = self._compile(leaves, signature)
         self._executables[key] = executable
-        self._link.pull()  # the host is current before the first run
+        self._pull_host()  # the host is current before the first run
         self.__dict__["_active"] = executable
         return executable
 
@@ -130,7 +130,7 @@ class CompileMixin:
         for hook in _pre_compile_hooks:
             hook()
         start = time.monotonic()
-        self._link.pull()  # the trace bakes the host weights into the initializers
+        self._pull_host()  # the trace bakes the host weights into the initializers
         divisor = tracing.check_combined_batch(signature, self._options)
         kind = "training" if self._training else "inference"
         with tqdm.tqdm(total=3, desc=f"Compiling {kind} model", unit="phase", leave=False,

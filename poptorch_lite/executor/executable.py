@@ -264,7 +264,7 @@ class ExecutableMixin:
             traced = _traced_from_json(contents.meta["traced"], contents.model)
             if traced.signature.key() != signature.key():
                 raise Error("it was compiled for another input signature")
-            self._link.pull()  # the current weights go into the stored graph
+            self._pull_host()  # the current weights go into the stored graph
             _refresh_initializers(traced, self._user_model)
             return traced
         except (Error, KeyError, TypeError) as exc:
@@ -322,7 +322,7 @@ class ExecutableMixin:
             target = target / "model.poptorch"
             warnings.warn(f"save(): '{filename}' is a folder; writing '{target}'.",
                           UserWarning, stacklevel=2)
-        self._link.pull()
+        self._pull_host()
         state = {f"state/{k}": v.detach().cpu().numpy() for k, v in
                  _state_of(self._user_model).items()}
         variables = {}

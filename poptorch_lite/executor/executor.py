@@ -95,6 +95,12 @@ class PoplarExecutor(ExecutableMixin, CompileMixin, RunMixin, StateSyncMixin,
                 raise RuntimeError(
                     "This model is already held by a training wrapper; call destroy() on it "
                     "before wrapping the model for training again.")
+            if any(other.training is not None for other in weight_sync.links_over(model)):
+                raise RuntimeError(
+                    "A module of this model is already held by the training wrapper of another "
+                    "model (e.g. a model containing it): two training wrappers would each move "
+                    "the shared weights on their own device. Call destroy() on that wrapper "
+                    "first.")
             for name, buffer in model.named_buffers():
                 if type(buffer) is not torch.Tensor:
                     raise Error(f"Buffer '{name}' is a {type(buffer).__name__}, not a plain "
@@ -119,7 +125,10 @@ class PoplarExecutor(ExecutableMixin, CompileMixin, RunMixin, StateSyncMixin,
         d["_warned"] = set()
         d["_compile_seconds"] = None
         d["_link"] = link
-        d["_seen_version"] = -1  # inference: training weights version last pulled
+        # Inference: the training links sharing modules with the model (cached per hook
+        # generation) and the device version last pulled from each (link -> version).
+        d["_links"] = (-1, ())
+        d["_seen_versions"] = {}
         d["_optimizer_hooks"] = []
         d["_optimizer_state_dirty"] = False  # device optimizer state newer than the host's
         d["_optimizer_state_pending"] = False  # host optimizer state to write before a run
@@ -138,6 +147,13 @@ class PoplarExecutor(ExecutableMixin, CompileMixin, RunMixin, StateSyncMixin,
             link.set_training(self)
             weight_sync.install_hooks(model, link)
             self._hook_optimizer(optimizer)
+
+    def _pull_host(self) -> None:
+        """Bring the host weights up to date with every training wrapper holding the model or
+        a module it shares (its own link first)."""
+        self._link.pull()
+        for link in weight_sync.links_over(self._user_model):
+            link.pull()
 
     # --- pass-through ------------------------------------------------------------------------
 
@@ -181,7 +197,7 @@ class PoplarExecutor(ExecutableMixin, CompileMixin, RunMixin, StateSyncMixin,
 
     def state_dict(self, *args, **kwargs):
         """The user model's state dict; a training wrapper pulls device weights first."""
-        self._link.pull()
+        self._pull_host()
         return self._user_model.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict, strict: bool = True):

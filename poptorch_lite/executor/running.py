@@ -19,6 +19,7 @@ import popart_backend as popart
 
 from ..errors import Error, user_location
 from ..options.enums import CommGroupType
+from . import weight_sync
 from .compilation import _Executable, backend_error, check_buffers
 
 _NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
@@ -75,13 +76,23 @@ class RunMixin:
             if self._optimizer_state_pending:
                 self._write_optimizer_state()
             return
-        # P11: pull the weights a training wrapper of the same model moved since our last run.
-        link = self._link
-        trainer = link.training
-        if trainer is not None and trainer.isCompiled() and link.version != self._seen_version:
-            link.pull()
+        # P11: pull the weights a training wrapper of the same model (or of a model sharing
+        # modules with it) moved since our last run.
+        d = self.__dict__
+        cached = d["_links"]
+        if cached[0] != weight_sync.generation():
+            cached = d["_links"] = (weight_sync.generation(),
+                                    weight_sync.links_over(self._user_model))
+        seen, moved = d["_seen_versions"], False
+        for link in cached[1]:
+            trainer = link.training
+            if (trainer is not None and trainer.isCompiled()
+                    and link.version != seen.get(link, -1)):
+                link.pull()
+                moved = True
+            seen[link] = link.version
+        if moved:
             self.copyWeightsToDevice()
-        self.__dict__["_seen_version"] = link.version
 
     def _run(self, executable: _Executable, leaves, originals=None):
         check_buffers(executable)

@@ -67,7 +67,7 @@ class StateSyncMixin:
     def copyWeightsToDevice(self) -> None:  # noqa: N802
         """The user model's parameters and buffers -> device."""
         executable = self._require_compiled("copyWeightsToDevice()")
-        self._link.pull()
+        self._pull_host()
         self._check_int64_state(executable.traced.param_map.values())
         state = self._state_tensors()
         arrays = {onnx_name: replica_params.to_device(

@@ -11,7 +11,10 @@ first host access copies them back once:
   ``parameters()``, ``buffers()``) pull first;
 - an inference wrapper of the same user model remembers the training wrapper's device
   *version* (bumped by each training run); when it moved, it pulls the training weights to the
-  host and pushes them to its own device before running.
+  host and pushes them to its own device before running. The same holds when one wrapper's
+  model is a submodule of the other's (a training wrapper of ``ModelWithLoss(net)`` and an
+  inference wrapper of ``net``, or the other way round): ``links_over`` finds every training
+  link whose hooked modules the inference model shares.
 
 ``ModelLink`` is the per-model record: the live training wrapper, its version, the dirty flag.
 """
@@ -22,13 +25,15 @@ import weakref
 
 import torch
 
-__all__ = ["ModelLink", "link_of", "install_hooks", "remove_hooks"]
+__all__ = ["ModelLink", "link_of", "links_over", "install_hooks", "remove_hooks"]
 
 _LINKS: "weakref.WeakKeyDictionary[torch.nn.Module, ModelLink]" = weakref.WeakKeyDictionary()
 # module -> link, for every module of a hooked model (looked up by the hooked methods).
 _MODULE_LINKS: "weakref.WeakKeyDictionary[torch.nn.Module, ModelLink]" = (
     weakref.WeakKeyDictionary())
 _HOOKED_CLASSES: dict[type, type] = {}
+# Bumped whenever hooks are installed or removed: cached ``links_over`` results are stale then.
+_generation = 0
 
 
 class ModelLink:
@@ -72,6 +77,21 @@ def link_of(model: torch.nn.Module) -> ModelLink:
     if link is None:
         link = _LINKS[model] = ModelLink()
     return link
+
+
+def generation() -> int:
+    return _generation
+
+
+def links_over(model: torch.nn.Module) -> tuple[ModelLink, ...]:
+    """The links of the training wrappers holding ``model`` or any of its submodules (its own
+    model, a model containing it, or a submodule of it), each once."""
+    found = {}
+    for module in model.modules():
+        link = _MODULE_LINKS.get(module)
+        if link is not None:
+            found[id(link)] = link
+    return tuple(found.values())
 
 
 def _pull(module) -> None:
@@ -122,6 +142,8 @@ def _new_instance(cls: type):
 
 def install_hooks(model: torch.nn.Module, link: ModelLink) -> None:
     """Swap every module of ``model`` to its pulling subclass."""
+    global _generation
+    _generation += 1
     for module in model.modules():
         _MODULE_LINKS[module] = link
         cls = type(module)
@@ -131,6 +153,8 @@ def install_hooks(model: torch.nn.Module, link: ModelLink) -> None:
 
 def remove_hooks(model: torch.nn.Module) -> None:
     """Restore the user's classes (``destroy()``)."""
+    global _generation
+    _generation += 1
     for module in model.modules():
         _MODULE_LINKS.pop(module, None)
         original = type(module).__dict__.get("_poptorch_lite_original")
