@@ -110,6 +110,20 @@ def run_checked(session, device, program, stepio, label: str, run_number: int,
         device.run(stepio)
 
 
+_RANGE = threading.local()
+
+
+def _int64_range(tensor: torch.Tensor) -> tuple[int, int]:
+    """(min, max) of an int64 tensor, into two 0-d tensors kept per thread (a steady run
+    allocates nothing for its checks)."""
+    buffers = getattr(_RANGE, "buffers", None)
+    if buffers is None:
+        buffers = _RANGE.buffers = (torch.empty((), dtype=torch.int64),
+                                    torch.empty((), dtype=torch.int64))
+    torch.aminmax(tensor, out=buffers)
+    return int(buffers[0]), int(buffers[1])
+
+
 def check_64bit_ranges(program, stepio) -> None:
     """``enableSupportedDataTypeCasting``: INT64 / UINT64 host inputs travel as INT32 / UINT32,
     so every value must fit; raises StepIOError naming the input and the first bad value."""
@@ -119,7 +133,7 @@ def check_64bit_ranges(program, stepio) -> None:
         if isinstance(array, torch.Tensor) and cast is not None:
             if array.dtype is torch.int64 and array.numel() and not array.requires_grad:
                 # One min/max pass; the numpy path below finds the first bad value.
-                low, high = (int(v) for v in torch.aminmax(array))
+                low, high = _int64_range(array)
                 if low >= cast[1].min and high <= cast[1].max:
                     continue
             array = array.detach().cpu().numpy()  # a lite PyStepIO input (dataflow.py)

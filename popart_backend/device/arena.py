@@ -28,6 +28,18 @@ an input in place shares the roots of those inputs, and a root lives until its l
 read. A pipelined plan (``num_stages`` > 0) gets no arena: its stages interleave micro-batches
 within a cycle, which a single order does not describe.
 
+Scratch: an op may ask for temporaries of its own (``Op.scratch_infos``: the log-softmax of a
+loss, per-label factors, a 0-d tensor holding a Python scalar that torch would otherwise wrap
+afresh each call). ``plan_scratch`` gives each a buffer live during that op's step only, and
+the step runs ``op.kernel_scratch(out, *scratch, *inputs)`` (``out`` the output's buffer or
+None). The same conditions hold as for output buffers, except that the op may write inputs in
+place when none of them is state (variables, kept tensors); its output need not be eligible.
+
+No multi-output buffers: torch's ``out=`` forms of the multi-output kernels of the workloads
+(``native_layer_norm``, ``native_layer_norm_backward``, the attention kernels) are composites
+that allocate their results and copy them into ``out`` (no fewer allocations, and slower), so
+those ops keep allocating.
+
 The arenas of a plan are allocated when the plan binds a replica's slots (``bind``), one set
 per replica, with ``torch.empty`` (pages are touched at the first write) and reused by every
 later step. An output that ``device/layout.py`` takes to be channels-last gets a channels-last

@@ -33,6 +33,7 @@ from .registry import AI_GRAPHCORE, register_op
 AUTO_PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
 CONV_FNS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+CONV_TRANSPOSE_FNS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 _CL = torch.channels_last
 
@@ -74,7 +75,6 @@ def channels_last_weight(x: torch.Tensor, w: torch.Tensor, refresh: bool) -> tor
     ref = weakref.ref(w, lambda r, k=key: _forget(k, r))
     _CL_WEIGHTS[key] = (ref, w._version, kept)
     return kept
-CONV_TRANSPOSE_FNS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 
 @dataclass(frozen=True)

@@ -455,31 +455,37 @@ class SoftmaxCrossEntropyFromProbs(_FromProbs):
 
     def kernel(self, probs, scores, labels, weights=None):
         labels = labels.long()
+        classes = probs.shape[1]
         ignore = self.attrs.ignore_index if self.attrs.ignore_index is not None else -100
         keep = labels != ignore
         safe = torch.where(keep, labels, 0)
-        if bool(((safe < 0) | (safe >= probs.shape[1])).any()):
-            bad = labels[keep & ((labels < 0) | (labels >= probs.shape[1]))]
+        low, high = torch.aminmax(safe)
+        if low < 0 or high >= classes:
+            bad = labels[keep & ((labels < 0) | (labels >= classes))]
             raise popart_exception(
-                f"{self.debug_name}: label {int(bad[0])} is outside the {probs.shape[1]} classes "
-                f"[0, {probs.shape[1] - 1}]; fix the labels, or set ignore_index for padding.")
-        rows = safe.unsqueeze(1)
-        logp = probs.gather(1, rows).squeeze(1).log_()
+                f"{self.debug_name}: label {int(bad[0])} is outside the {classes} classes "
+                f"[0, {classes - 1}]; fix the labels, or set ignore_index for padding.")
+        logp = probs.gather(1, safe.unsqueeze(1)).squeeze(1).log_()
         small = (logp < math.log(torch.finfo(probs.dtype).tiny)).nonzero().squeeze(1)
         if small.numel():
             # P = exp(x - max x) / s peaks at 1 / s where x does: logsumexp(x) is
             # max x - log(max P), two reductions with no exp and no temporary.
-            peak = probs.amax(1).index_select(0, small).log_()
-            lse = scores.amax(1).index_select(0, small) - peak
+            if small.numel() * 4 <= probs.shape[0]:  # a few rows: reduce copies of them
+                lse = (scores.index_select(0, small).amax(1)
+                       - probs.index_select(0, small).amax(1).log_())
+            else:
+                lse = (scores.amax(1).index_select(0, small)
+                       - probs.amax(1).index_select(0, small).log_())
             logp[small] = scores[small, safe[small]] - lse
         w = weights.to(probs.dtype)[safe] if weights is not None else torch.ones_like(logp)
-        w = w * keep
-        per = torch.where(keep, -logp * w, 0.0)  # ignored rows: 0, even for non-finite scores
+        w.mul_(keep)
+        # Ignored rows add 0, even where their scores are not finite.
+        per = logp.masked_fill_(keep.logical_not_(), 0.0).mul_(w).neg_()
         if self.attrs.reduction == "none":
             return per
         if self.attrs.reduction == "sum":
             return per.sum()
-        return per.sum() / w.sum()
+        return per.sum().div_(w.sum())
 
 
 @register_op("SoftmaxCrossEntropyGradFromProbs", versions=1, domain=AI_GRAPHCORE)

@@ -9,6 +9,7 @@ binding and the executable lookup.
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import numpy as np
@@ -213,12 +214,26 @@ class RunMixin:
 _INT32 = torch.iinfo(torch.int32)
 
 
+_RANGE = threading.local()
+
+
+def _int64_range(tensor: torch.Tensor) -> tuple[int, int]:
+    """(min, max) of an int64 tensor by one pass, into two 0-d tensors kept per thread (a
+    steady call allocates nothing)."""
+    buffers = getattr(_RANGE, "buffers", None)
+    if buffers is None:
+        buffers = _RANGE.buffers = (torch.empty((), dtype=torch.int64),
+                                    torch.empty((), dtype=torch.int64))
+    torch.aminmax(tensor, out=buffers)
+    return int(buffers[0]), int(buffers[1])
+
+
 def check_int32(tensor: torch.Tensor, what: str) -> None:
     """An int64 input or output must fit int32, the IPU's integer type: refused rather
     than wrapped. One min/max pass over the tensor."""
     if not tensor.numel():
         return
-    low, high = (int(v) for v in torch.aminmax(tensor))
+    low, high = _int64_range(tensor)
     if low >= _INT32.min and high <= _INT32.max:
         return
     bad = high if high > _INT32.max else low

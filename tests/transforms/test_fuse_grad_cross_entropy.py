@@ -89,14 +89,19 @@ def test_fused_cross_entropy_matches_torch_and_the_unfused_gradient(reduction, w
     np.testing.assert_allclose(loss, unfused_loss, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("dtype, scale", [(np.float32, 300.0), (np.float64, 3000.0)])
-def test_loss_is_exact_where_the_softmax_underflows_at_the_label(dtype, scale):
-    """Scores so spread that P at most labels is 0 (-log P would be inf): those rows take
-    x[label] - logsumexp(x) instead, as torch's log-softmax does."""
+@pytest.mark.parametrize("dtype, scale, one_row", [(np.float32, 300.0, False),
+                                                   (np.float64, 3000.0, False),
+                                                   (np.float32, 300.0, True)])
+def test_loss_is_exact_where_the_softmax_underflows_at_the_label(dtype, scale, one_row):
+    """Scores so spread that P at the label is 0 (-log P would be inf): those rows take
+    x[label] - logsumexp(x) instead, as torch's log-softmax does (most rows, or one row)."""
     scores, labels, _ = _data(scale=scale, dtype=dtype)
+    if one_row:
+        scores[[0, 2, 3, 4, 5]] /= scale  # only row 1 stays spread
     scores[0, labels[0]] = scores[0].max() + 1  # one row where the label wins
     probs = torch.softmax(torch.from_numpy(scores), 1).gather(1, torch.from_numpy(labels)[:, None])
-    assert (probs == 0).sum() >= 2 and (probs > 0.5).any()  # both paths are taken
+    zero = int((probs == 0).sum())
+    assert (zero == 1 if one_row else zero >= 2) and (probs > 0.5).any()
     loss, grad, _, fired, seed = _run(scores, labels, None, {"reduction": "none"}, fuse=True)
     assert fired and np.isfinite(loss).all()
     want_loss, want_grad = _reference(scores, labels, None, "none", None, seed)
@@ -150,3 +155,13 @@ def test_out_of_range_label_is_refused_with_the_label():
     labels[2] = C + 3
     with pytest.raises(popart_exception, match=f"label {C + 3} is outside the {C} classes"):
         _run(scores, labels, None, {"reduction": "mean"}, fuse=True)
+
+
+def test_an_ignored_row_with_non_finite_scores_adds_nothing_to_the_loss():
+    scores, labels, _ = _data(ignore=5)
+    scores[1] = np.nan  # label 5 there: ignored, as torch's nll_loss skips it
+    loss, _, _, fired, seed = _run(scores, labels, None, {"reduction": "mean", "ignore_index": 5},
+                                   fuse=True)
+    want_loss, _ = _reference(scores, labels, None, "mean", 5, seed)
+    assert fired and np.isfinite(loss)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-6)
