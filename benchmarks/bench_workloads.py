@@ -19,7 +19,9 @@ noise hits the sides alike):
 - training:  one ``trainingModel`` call (forward, backward, SGD momentum step) vs the eager
   ``zero_grad(); loss.backward(); step()``.
 
-The table shows median times and *paired* ratios (median over repetitions of ours/other in the
+Short workloads get more repetitions than ``--reps`` (at least one second of the slowest side,
+at most 1000), so a millisecond call is judged on many samples. The table shows median times
+and *paired* ratios (median over repetitions of ours/other in the
 same repetition), which hold up on a busy machine. Answers are checked against eager first.
 Targets (issue 17): inference <= 1.0x eager and <= 1.2x onnxruntime; training <= 0.9x eager.
 
@@ -258,8 +260,21 @@ def _labels(config: dict, batch: int) -> torch.Tensor:
     return torch.randint(0, config["classes"], (batch,), generator=g)
 
 
+# Short calls get more repetitions: at least this many seconds of the slowest side, so a
+# millisecond-long call is not judged on a handful of samples (at most MAX_REPS).
+MIN_SECONDS = 1.0
+MAX_REPS = 1000
+
+
 def _time_pairs(fns: dict, reps: int) -> dict:
-    """Run every fn once per repetition, alternating the order; per-fn lists of seconds."""
+    """Run every fn once per repetition, alternating the order; per-fn lists of seconds.
+    ``reps`` is raised for short calls (``MIN_SECONDS``)."""
+    slowest = 0.0
+    for fn in fns.values():
+        start = time.perf_counter()
+        fn()
+        slowest = max(slowest, time.perf_counter() - start)
+    reps = max(reps, min(MAX_REPS, math.ceil(MIN_SECONDS / max(slowest, 1e-6))))
     times = {k: [] for k in fns}
     keys = list(fns)
     for rep in range(reps):
