@@ -12,13 +12,16 @@ caller's ``del`` hands them back to the system.
 reference to the tensor, and torch keeps one Python object per storage, so the hand-over's
 storage check counts the same holders as before). At the next call, when that storage has no
 other user left (no tensor, view or numpy array of the caller refers to it: its use count is
-1) and is still resizable (``Tensor.numpy()`` pins it), the kernel writes into it; otherwise
-it allocates as before. Nobody can observe the reuse: the bytes belong to nobody else.
+1; nor does the caller hold that one storage object itself, from ``untyped_storage()`` or
+``storage()``: its Python reference count is ours alone) and is still resizable
+(``Tensor.numpy()`` pins it), the kernel writes into it; otherwise it allocates as before.
+Nobody can observe the reuse: the bytes belong to nobody else.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
@@ -61,8 +64,10 @@ class RecycledOutput:
 
     def __call__(self, *inputs):
         storage, self.storage = self.storage, None
+        # Python references: the local name and getrefcount's argument; any more is a caller
+        # holding the storage object (the use count sees that object once, as ours).
         if (storage is not None and torch._C._storage_Use_Count(storage._cdata) == 1
-                and storage.resizable()):
+                and sys.getrefcount(storage) == 2 and storage.resizable()):
             out = torch.empty((0,), dtype=self.dtype).set_(storage, 0, self.shape)
         else:
             out = torch.empty(self.shape, dtype=self.dtype)

@@ -8,7 +8,10 @@ first host access copies them back once:
   ``__class__`` and restored by ``destroy()``) whose ``__getattr__`` - the path of every
   ``model.fc.weight``, ``model.bn.running_mean`` and submodule lookup, since ``nn.Module``
   keeps them in dicts - and ``named_parameters`` / ``named_buffers`` / ``state_dict`` (hence
-  ``parameters()``, ``buffers()``) pull first;
+  ``parameters()``, ``buffers()``) pull first; so does ``_load_from_state_dict``, which
+  ``load_state_dict`` calls on each module (of the hooked model, or of a model containing
+  it) before writing its tensors: the loaded values replace the device's, and no later pull
+  writes the device's back over them;
 - an inference wrapper of the same user model remembers the training wrapper's device
   *version* (bumped by each training run); when it moved, it pulls the training weights to the
   host and pushes them to its own device before running. The same holds when one wrapper's
@@ -121,6 +124,10 @@ def _hooked_class(cls: type) -> type:
         _pull(self)
         return cls.state_dict(self, *args, **kwargs)
 
+    def _load_from_state_dict(self, *args, **kwargs):
+        _pull(self)
+        return cls._load_from_state_dict(self, *args, **kwargs)
+
     def __reduce_ex__(self, protocol):
         # Pickle (torch.save) and deepcopy as the user's own class, with current weights.
         _pull(self)
@@ -129,6 +136,7 @@ def _hooked_class(cls: type) -> type:
     hooked = type(cls.__name__, (cls,), {
         "__getattr__": __getattr__, "named_parameters": named_parameters,
         "named_buffers": named_buffers, "state_dict": state_dict,
+        "_load_from_state_dict": _load_from_state_dict,
         "__reduce_ex__": __reduce_ex__, "__module__": cls.__module__,
         "__qualname__": cls.__qualname__, "_poptorch_lite_original": cls,
     })

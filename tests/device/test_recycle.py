@@ -100,3 +100,27 @@ def test_small_outputs_and_switch_off_allocate_each_run(monkeypatch):
                    for step in session._device.plan.steps)
     x = _x(5)
     _check(_run(session, x), x, w)
+
+
+@pytest.mark.parametrize("hold", ["untyped_storage", "typed_storage"])
+def test_held_storage_of_output_is_never_overwritten(hold):
+    """A caller holding only the storage of a dropped output (``untyped_storage()`` or the
+    deprecated ``storage()``) still reads its values after the next run: torch hands out the
+    one Python object per storage, so the storage's use count alone does not see that holder."""
+    session, w = _session()
+    x1, x2 = _x(6), _x(7)
+    first = _run(session, x1)
+    want, shape = first.clone(), first.shape
+    if hold == "untyped_storage":
+        held = first.untyped_storage()
+    else:
+        with pytest.warns(UserWarning):
+            held = first.storage()
+    del first
+    gc.collect()
+    second = _run(session, x2)
+    _check(second, x2, w)
+    storage = held if hold == "untyped_storage" else held._untyped_storage
+    back = torch.empty((0,), dtype=torch.float32).set_(storage, 0, shape)
+    assert storage.data_ptr() != second.untyped_storage().data_ptr()
+    np.testing.assert_array_equal(back.numpy(), want.numpy())

@@ -96,3 +96,70 @@ def test_a_second_training_wrapper_of_a_shared_module_is_refused():
     # Once destroyed, the module can be trained by another wrapper.
     poptorch.trainingModel(WithLoss(net), _opts(),
                            torch.optim.SGD(net.parameters(), lr=0.1)).destroy()
+
+
+class TwoLayers(nn.Module):
+    """Linear, ReLU, Linear as named attributes (not a Sequential)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(12, 16), nn.Linear(16, 5)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def _loaded_state():
+    """A state dict for TwoLayers (shapes read from a fresh one: reading the trained model's
+    would pull its device weights first)."""
+    g = torch.Generator().manual_seed(5)
+    return {k: torch.randn(v.shape, generator=g) for k, v in TwoLayers().state_dict().items()}
+
+
+@pytest.mark.parametrize("how", ["model", "wrapper"])
+def test_load_state_dict_after_training_is_kept_P10(how):
+    """A state dict loaded into the trained model (its own ``load_state_dict``, then
+    ``copyWeightsToDevice()``, or the wrapper's ``load_state_dict``) is what the host and the
+    next training step start from, not the device weights of the previous steps pulled over it.
+    Reference: eager training from the loaded state."""
+    net = TwoLayers()
+    model = WithLoss(net)
+    trainer = poptorch.trainingModel(model, _opts(), torch.optim.SGD(net.parameters(), lr=0.1))
+    x, t = _batch()
+    trainer(x, t)
+    state = {"net." + k: v for k, v in _loaded_state().items()}
+    if how == "model":
+        model.load_state_dict(state)
+        trainer.copyWeightsToDevice()
+    else:
+        trainer.load_state_dict(state)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, state[k], rtol=0, atol=0)
+    reference = WithLoss(TwoLayers())
+    reference.load_state_dict(state)
+    _eager_step(reference, torch.optim.SGD(reference.parameters(), lr=0.1), x, t)
+    trainer(x, t)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, reference.state_dict()[k])
+
+
+@pytest.mark.parametrize("wrap", ["net", "container"])
+def test_inference_wrapper_load_state_dict_of_a_shared_module_is_kept_P10_P11(wrap):
+    """The inference wrapper of ``net`` (or of a model containing it) loads a state dict while a
+    training wrapper of a model holding ``net`` has newer device weights: the inference answers
+    with the loaded weights."""
+    net = TwoLayers()
+    trainer = poptorch.trainingModel(WithLoss(net), _opts(),
+                                     torch.optim.SGD(net.parameters(), lr=0.1))
+    model = net if wrap == "net" else nn.Sequential(net, nn.Softmax(-1))
+    inference = poptorch.inferenceModel(model, _opts())
+    x, t = _batch()
+    inference(x)
+    trainer(x, t)
+    prefix = "" if wrap == "net" else "0."
+    state = {prefix + k: v for k, v in _loaded_state().items()}
+    inference.load_state_dict(state)
+    reference = TwoLayers() if wrap == "net" else nn.Sequential(TwoLayers(), nn.Softmax(-1))
+    reference.load_state_dict(state)
+    torch.testing.assert_close(inference(x), reference(x).detach())
