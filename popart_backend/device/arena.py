@@ -18,7 +18,9 @@ allocation, so the plan is safe by construction rather than by cleverness):
 - the output is an op-produced (ACT_GRAD) tensor of a static, non-empty shape and a dtype
   torch writes with ``out=`` (float16/32/64, bfloat16, int32/64), the same dtype as every data
   input (the const inputs, e.g. axes, aside), except that a floating-point output may have
-  integer inputs (labels, gather indices: they select, they are not written);
+  integer inputs (labels, gather indices: they select, they are not written) and a cast's
+  (Cast, CastLike) input any dtype (its into-kernel converts with ``out.copy_(x)``, the
+  conversion ``x.to(dtype)`` makes);
 - it is not kept (anchors, persistent tensors, a body's outputs: the host reads them after a
   run, so no later step may overwrite them), and no view or in-place alias of it is kept;
 - it and every alias of it are read in the fragment (``ExecutionContext``) that produced it.
@@ -33,7 +35,8 @@ loss, per-label factors, a 0-d tensor holding a Python scalar that torch would o
 afresh each call). ``plan_scratch`` gives each a buffer live during that op's step only, and
 the step runs ``op.kernel_scratch(out, *scratch, *inputs)`` (``out`` the output's buffer or
 None). The same conditions hold as for output buffers, except that the op may write inputs in
-place when none of them is state (variables, kept tensors); its output need not be eligible.
+place when none of them is state (variables, kept tensors) and may alias its inputs (its
+kernel must not return a view of a scratch buffer); its output need not be eligible.
 
 No multi-output buffers: torch's ``out=`` forms of the multi-output kernels of the workloads
 (``native_layer_norm``, ``native_layer_norm_backward``, the attention kernels) are composites
@@ -57,6 +60,7 @@ import torch
 from ..dtypes import DataType
 from ..ir.op import Op
 from ..ir.tensor import TensorKind
+from ..ops.cast import CastBase
 from ..ops.rounding import generic_rounding
 from ..ops.state_journal import JournaledWrites
 from ..ops.string_tensors import kernel_for
@@ -126,9 +130,13 @@ def _eligible(op: Op, ins: tuple, outs: tuple, keep: set[int]) -> bool:
         return False
     if any(not isinstance(n, int) or n < 0 for n in info.shape) or info.nelms == 0:
         return False
+    # A cast's into-kernel converts explicitly (out.copy_(x)); other kernels given an out= of
+    # another dtype than their inputs' would compute in the inputs' promoted dtype and
+    # convert (or refuse), so they keep their inputs' dtype.
+    converts = isinstance(op, CastBase)
     floating = info.dtype.torch.is_floating_point
     for i, t in enumerate(op.inputs):
-        if t is None or i in op.const_inputs or t.info.dtype is info.dtype:
+        if t is None or i in op.const_inputs or t.info.dtype is info.dtype or converts:
             continue
         if not (floating and t.info.dtype in _INDEX_DTYPES):
             return False
@@ -151,14 +159,16 @@ def _into_matches(cls: type, name: str) -> bool:
 
 def runs_plain_kernel(op: Op, in_place: bool = False) -> bool:
     """True when the plan runs ``op``'s own kernel unwrapped: no debug check, no rounding,
-    no journaled writes, no aliasing, no STRING codes, not a collective, an inter-stage copy
-    or a persistent output; and no in-place writes unless ``in_place`` (scratch only: the
-    caller makes sure they write no state). Only such ops get arena buffers or scratch."""
+    no journaled writes, no STRING codes, not a collective, an inter-stage copy or a
+    persistent output; and no in-place writes nor aliasing unless ``in_place`` (scratch
+    only: the caller makes sure they write no state; scratch buffers are private to the step,
+    so outputs that are views of inputs do not concern them). Only such ops get arena
+    buffers or scratch."""
     settings = op.settings
     checks = settings.checks
     return not (checks.floating_point or checks.modify or checks.alias
                 or settings.stochastic_rounding or (op.modifies_inputs and not in_place)
-                or op.aliases_inputs or op.collective or op.runs_between_cycles
+                or (op.aliases_inputs and not in_place) or op.collective or op.runs_between_cycles
                 or op.output_persists or isinstance(op, JournaledWrites) or generic_rounding(op)
                 or kernel_for(op) != op.kernel)
 

@@ -10,7 +10,9 @@ shape, only its strides differ.
 ``plan_layouts`` decides, at plan time, over the plan's steps in order:
 
 - a convolution (``Op.channels_last_inputs``) gets those inputs channels-last when they are
-  float32 and 4-D (a no-op when they already are; else one copy, e.g. of the image input);
+  float32 and 4-D (a no-op when they already are; else one copy, e.g. of the image input,
+  into a buffer the step keeps and rewrites each call, so a steady step allocates none: each
+  step reading the image copies it, the convolution and its weight gradient both);
 - an op declaring ``Op.strided_inputs`` (its kernel is correct for any strides: torch's
   elementwise, normalisation, reduction and convolution kernels) takes what it is given, and
   every 4-D output of such an op with a channels-last input is taken to be channels-last (a
@@ -37,6 +39,7 @@ turns channels-last off, for tests comparing both.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -60,6 +63,9 @@ class StepLayout:
     to_channels_last: tuple[int, ...] = ()
     to_contiguous: tuple[int, ...] = ()
     contiguous_outputs: tuple[int, ...] = ()
+    # The op neither aliases nor writes its inputs: its channels-last copies may be written
+    # into buffers the step keeps for its next call (no allocation per step).
+    reuse_copies: bool = False
 
     @property
     def active(self) -> bool:
@@ -100,6 +106,7 @@ def plan_layouts(raw_steps: list[tuple[Op, tuple, tuple]], keep: set[int]) -> La
                            if i < len(ins) and ins[i] >= 0 and ins[i] not in cl
                            and _is_4d_float(op.inputs[i]))
         layout.to_channels_last = wanted
+        layout.reuse_copies = bool(wanted) and not (op.aliases_inputs or op.modifies_inputs)
         if wanted or any(s >= 0 and s in cl for s in ins):
             for s, t in zip(outs, op.outputs):
                 if s >= 0 and t is not None and t.info.rank == 4:
@@ -122,12 +129,14 @@ def with_layouts(kernel, layout: StepLayout, offset: int, single: bool):
     to_cl = tuple(i + offset for i in layout.to_channels_last)
     to_contiguous = tuple(i + offset for i in layout.to_contiguous)
     outputs = layout.contiguous_outputs
+    copies = _CopyBuffers() if layout.reuse_copies else None
 
     def run(*xs):
         if to_cl or to_contiguous:
             xs = list(xs)
             for i in to_cl:
-                xs[i] = xs[i].contiguous(memory_format=_CL)
+                xs[i] = (xs[i].contiguous(memory_format=_CL) if copies is None
+                         else copies.channels_last(i, xs[i]))
             for i in to_contiguous:
                 if xs[i] is not None:
                     xs[i] = xs[i].contiguous()
@@ -143,3 +152,23 @@ def with_layouts(kernel, layout: StepLayout, offset: int, single: bool):
         return tuple(result)
 
     return run
+
+
+class _CopyBuffers(threading.local):
+    """One step's channels-last copies of its inputs (e.g. the image a convolution reads), each
+    written into a buffer the step allocates at its first call and rewrites at every later
+    one, per thread. The copy is read during the call only (the op neither aliases nor writes
+    its inputs, ``StepLayout.reuse_copies``), so the next call may overwrite it."""
+
+    def __init__(self):
+        self.buffers: dict[int, torch.Tensor] = {}
+
+    def channels_last(self, position: int, x: torch.Tensor) -> torch.Tensor:
+        if x.is_contiguous(memory_format=_CL):
+            return x
+        buffer = self.buffers.get(position)
+        if buffer is None or buffer.shape != x.shape or buffer.dtype != x.dtype:
+            with torch.inference_mode(False):  # a normal tensor: any later call may write it
+                buffer = torch.empty_like(x, memory_format=_CL)
+            self.buffers[position] = buffer
+        return buffer.copy_(x)

@@ -223,6 +223,13 @@ class CastBase(Unary):
             self._convert = None
         else:
             self._convert = _converter(source, target, saturate, round_mode)
+        # Only a cast to the input's own dtype hands back the input; any other is a new tensor.
+        self.aliases_inputs = self._convert is None or self._convert is _unchanged
+        # torch's own conversion (x.to(dtype), i.e. a copy into the target dtype), which
+        # kernel_into can write into a buffer with out.copy_(x).
+        self._copies = (self._convert is not None and not self.aliases_inputs
+                        and (target in _NATIVE_FLOATS or target in _NATIVE_INTS)
+                        and not (source is DataType.UINT64 and not target.is_int))
 
     def kernel(self, x, *_):
         if self._convert is not None:
@@ -238,6 +245,12 @@ class CastBase(Unary):
         convert = _converter(source, self._target, bool(getattr(self.attrs, "saturate", 1)),
                              getattr(self.attrs, "round_mode", "up"))
         return convert(to_storage(numbers))
+
+    # The static memory plan (device/arena.py) writes a dtype-changing cast into a buffer.
+    writes_into = True
+
+    def kernel_into(self, out, x, *_):
+        return out.copy_(x) if self._copies else self.kernel(x)
 
     def grad(self, g):
         source, target = g.input_info(0).dtype, g.output_info(0).dtype

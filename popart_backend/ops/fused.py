@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..dtypes import DataType
 from ..errors import ShapeError, popart_exception
 from ..ir.op import Op
 from ..ir.tensor import TensorInfo
@@ -420,20 +421,27 @@ class Attention(FusedOp):
             self._out = [out, TensorInfo(out.dtype, out.shape[:-1])]
 
     def kernel(self, q, k, v, mask=None):
+        return self._attend(None, q, k, v, mask)
+
+    def scratch_infos(self):
+        """The dead-row mask check's temporaries (device/arena.py): -inf mask, dead rows,
+        whether any row is dead."""
+        return _dead_row_scratch(self, 3)
+
+    def kernel_scratch(self, out, neginf, full, any_full, q, k, v, mask=None):
+        return self._attend((neginf, full, any_full), q, k, v, mask)
+
+    def _attend(self, scratch, q, k, v, mask):
         if self.attrs.key_transposed:
             k = k.transpose(-1, -2)
+        full = _fully_masked(mask, scratch) if self.attrs.nan_masked_rows else None
         if not self.attrs.save_stats:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.attrs.scale)
-            if self.attrs.nan_masked_rows and mask is not None:
-                # A row masked everywhere: NaN, as softmax over all -inf (torch gives zeros).
-                full = torch.isneginf(mask).all(-1, keepdim=True)
-                if full.any():
-                    y = y.masked_fill(full, float("nan"))
-            return y
+            # A row masked everywhere: NaN, as softmax over all -inf (torch gives zeros).
+            return y if full is None else y.masked_fill(full, float("nan"))
         q, k, v, mask = _unit_stride(q, k, v, mask)
         y, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=mask, scale=self.attrs.scale)
-        full = _fully_masked(mask) if self.attrs.nan_masked_rows else None
         return (y if full is None else y.masked_fill_(full, float("nan"))), lse
 
     def cost(self) -> tuple[int, int]:
@@ -461,13 +469,31 @@ class Attention(FusedOp):
             g.set_input_grad(index, grad)
 
 
-def _fully_masked(mask):
+def _fully_masked(mask, scratch=None):
     """Where a row of ``mask`` is -inf everywhere ([..., L, 1], broadcastable to the output),
-    or None when no row is (or there is no mask)."""
+    or None when no row is (or there is no mask). ``scratch``: the three buffers of
+    ``_dead_row_scratch`` to compute it in (the result is then a scratch buffer, read
+    during the step only), or None to allocate them."""
     if mask is None:
         return None
-    full = torch.isneginf(mask).all(-1, keepdim=True)
-    return full if full.any() else None
+    if scratch is None:
+        full = torch.isneginf(mask).all(-1, keepdim=True)
+        return full if full.any() else None
+    neginf, full, any_full = scratch
+    torch.all(torch.isneginf(mask, out=neginf), -1, keepdim=True, out=full)
+    return full if torch.any(full, out=any_full).item() else None
+
+
+def _dead_row_scratch(op, position: int) -> tuple:
+    """Scratch infos of the dead-row check of an Attention or AttentionGrad with a mask (its
+    input ``position``) and ``nan_masked_rows`` (else none): the mask's -inf test, its rows
+    all -inf, any of them."""
+    mask = op.inputs[position] if len(op.inputs) > position else None
+    if not op.attrs.nan_masked_rows or mask is None or mask.info.rank == 0:
+        return ()
+    shape = mask.info.shape
+    return (TensorInfo(DataType.BOOL, shape), TensorInfo(DataType.BOOL, shape[:-1] + (1,)),
+            TensorInfo(DataType.BOOL, ()))
 
 
 def _unit_stride(*tensors):
@@ -494,12 +520,22 @@ class AttentionGrad(Op):
         return [q, k, v]
 
     def kernel(self, dy, q, k, v, y, lse, mask=None):
+        return self._backward(None, dy, q, k, v, y, lse, mask)
+
+    def scratch_infos(self):
+        """The dead-row mask check's temporaries (device/arena.py), as Attention's."""
+        return _dead_row_scratch(self, 6)
+
+    def kernel_scratch(self, out, neginf, full, any_full, dy, q, k, v, y, lse, mask=None):
+        return self._backward((neginf, full, any_full), dy, q, k, v, y, lse, mask)
+
+    def _backward(self, scratch, dy, q, k, v, y, lse, mask):
         if self.attrs.key_transposed:
             k = k.transpose(-1, -2)
         dy, q, k, v, mask = _unit_stride(dy, q, k, v, mask)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dy, q, k, v, y, lse, 0.0, False, attn_mask=mask, scale=self.attrs.scale)
-        full = _fully_masked(mask) if self.attrs.nan_masked_rows else None
+        full = _fully_masked(mask, scratch) if self.attrs.nan_masked_rows else None
         if full is not None:
             # As the unguarded softmax: a fully masked row's probabilities are NaN, so is that
             # row of dQ, and every dK and dV entry of its (batch, head) (they sum over rows).

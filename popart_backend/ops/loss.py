@@ -455,16 +455,10 @@ class SoftmaxCrossEntropyFromProbs(_FromProbs):
 
     def kernel(self, probs, scores, labels, weights=None):
         labels = labels.long()
-        classes = probs.shape[1]
         ignore = self.attrs.ignore_index if self.attrs.ignore_index is not None else -100
         keep = labels != ignore
         safe = torch.where(keep, labels, 0)
-        low, high = torch.aminmax(safe)
-        if low < 0 or high >= classes:
-            bad = labels[keep & ((labels < 0) | (labels >= classes))]
-            raise popart_exception(
-                f"{self.debug_name}: label {int(bad[0])} is outside the {classes} classes "
-                f"[0, {classes - 1}]; fix the labels, or set ignore_index for padding.")
+        self._check_labels(labels, keep, *torch.aminmax(safe), probs.shape[1])
         logp = probs.gather(1, safe.unsqueeze(1)).squeeze(1).log_()
         small = (logp < math.log(torch.finfo(probs.dtype).tiny)).nonzero().squeeze(1)
         if small.numel():
@@ -486,6 +480,60 @@ class SoftmaxCrossEntropyFromProbs(_FromProbs):
         if self.attrs.reduction == "sum":
             return per.sum()
         return per.sum().div_(w.sum())
+
+    def _check_labels(self, labels, keep, low, high, classes: int) -> None:
+        """Refuse a kept label outside [0, classes) (``low``, ``high``: the extremes of the
+        kept labels, ignored ones read as 0)."""
+        if low.item() < 0 or high.item() >= classes:
+            labels = labels.long()
+            bad = labels[keep & ((labels < 0) | (labels >= classes))]
+            raise popart_exception(
+                f"{self.debug_name}: label {int(bad[0])} is outside the {classes} classes "
+                f"[0, {classes - 1}]; fix the labels, or set ignore_index for padding.")
+
+    def scratch_infos(self):
+        """The static memory plan (device/arena.py), without class weights: kept-label mask,
+        labels (ignored ones 0), their extremes, log-probabilities at the labels, small-row
+        mask and whether any row is small, row weights, their sum (first the small-probability
+        threshold), and two row buffers of the small-probability fallback."""
+        if len(self.inputs) > 3 and self.inputs[3] is not None:
+            return ()
+        probs = self.inputs[0].info
+        rows = probs.with_shape(probs.shape[:1])
+        index = TensorInfo(DataType.INT64, rows.shape)
+        mask = TensorInfo(DataType.BOOL, rows.shape)
+        extreme = TensorInfo(DataType.INT64, ())
+        return (mask, index, extreme, extreme, rows, mask, TensorInfo(DataType.BOOL, ()),
+                rows, probs.with_shape(()), rows, rows)
+
+    def kernel_scratch(self, out, keep, safe, low, high, logp, small, any_small, w, total,
+                       lse, picked, probs, scores, labels, weights=None):
+        """``kernel`` with every temporary in its scratch buffer: the same arithmetic, and
+        the small-probability rows replaced by a select over all rows (no index list)."""
+        ignore = self.attrs.ignore_index if self.attrs.ignore_index is not None else -100
+        torch.ne(labels, ignore, out=keep)
+        safe.copy_(keep).mul_(labels)  # ignored labels -> 0
+        torch.aminmax(safe, out=(low, high))
+        self._check_labels(labels, keep, low, high, probs.shape[1])
+        column = safe.unsqueeze(1)
+        torch.gather(probs, 1, column, out=logp.unsqueeze(1)).log_()
+        # The threshold in ``total`` (read before the sum reuses it): compared with a Python
+        # float, torch would wrap it in a fresh tensor each call.
+        torch.lt(logp, total.fill_(math.log(torch.finfo(probs.dtype).tiny)), out=small)
+        if torch.any(small, out=any_small).item():
+            # As ``kernel``: log P at the label is x[label] - (max x - log(max P)).
+            torch.amax(scores, 1, out=lse)
+            lse.sub_(torch.amax(probs, 1, out=picked).log_())
+            torch.gather(scores, 1, column, out=picked.unsqueeze(1))
+            picked.sub_(lse)
+            torch.where(small, picked, logp, out=logp)
+        w.copy_(keep)  # 1 for the kept rows, 0 for the ignored ones
+        per = logp.masked_fill_(keep.logical_not_(), 0.0).mul_(w).neg_()
+        if self.attrs.reduction == "none":
+            return per.clone() if out is None else out.copy_(per)
+        if self.attrs.reduction == "sum":
+            return per.sum()
+        return per.sum().div_(torch.sum(w, (0,), out=total))
 
 
 @register_op("SoftmaxCrossEntropyGradFromProbs", versions=1, domain=AI_GRAPHCORE)

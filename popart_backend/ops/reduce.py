@@ -207,8 +207,30 @@ class ReduceMean(Reduce):
 @register_op("ReduceMeanGrad", versions=1, domain=AI_GRAPHCORE)
 class ReduceMeanGrad(ReduceGrad):
     strided_inputs = True
+    # The quotient is a fresh tensor (its broadcast a view of it, not of dy).
+    aliases_inputs = False
+
     def kernel(self, dy):
         return self.broadcast(dy / self.count)
+
+    # The static memory plan (device/arena.py): the broadcast quotient written into the
+    # output's buffer, the count in a 0-d scratch tensor (dy / count would wrap it afresh).
+    writes_into = True
+
+    def kernel_into(self, out, dy):
+        return torch.div(self.broadcast(dy), self.count, out=out)
+
+    def scratch_infos(self):
+        info = self.inputs[0].info
+        if info.dtype.torch not in (torch.float32, torch.float64):
+            return ()
+        return (info.with_shape(()),)
+
+    def kernel_scratch(self, out, count, dy):
+        count.fill_(self.count)
+        if out is None:
+            return self.broadcast(torch.div(dy, count))
+        return torch.div(self.broadcast(dy), count, out=out)
 
 
 def _empty_extreme(dtype: torch.dtype, shape: tuple[int, ...], lowest: bool) -> torch.Tensor:

@@ -15,20 +15,21 @@ What is left, and why (per step):
 - kernels torch gives no real ``out=`` path: LayerNorm forward and backward
   (``native_layer_norm(.out)`` and ``native_layer_norm_backward(.out)`` are composites that
   allocate and copy: slower and no fewer allocations), the attention kernels (sdpa and its
-  backward) and their dead-row mask check, oneDNN convolution and batch norm and their
-  backward, the channels-last copy of a convolution's input image (``-``);
-- ReduceMeanGrad's ``dy / count`` (a 0-d tensor torch wraps the Python count in, and the
-  quotient its output broadcasts), dtype-changing ops (Cast: the arena holds ops whose inputs
-  share the output dtype), and the cross-entropy forward from the saved softmax
-  (SoftmaxCrossEntropyFromProbs: label check, gathered log-probabilities, weights,
-  reduction), whose temporaries are not in scratch buffers yet.
+  backward), oneDNN convolution and batch norm and their backward.
 
 Removed so far: the int32 range checks of int64 inputs (``torch.aminmax`` into two 0-d
 tensors kept per thread), every into-kernel output (arena buffers), Gather/GatherGrad's wrapped index
 copy (used only when an index is negative), scratch buffers (``Op.scratch_infos``) for the
 cross-entropy gradients' per-label temporaries, the unfused cross-entropy forward's
 log-softmax, GatherGradAdd's negative-index test, and the 0-d factor/count of Scale and
-ReduceMean (torch wraps a Python scalar in a fresh tensor per call).
+ReduceMean (torch wraps a Python scalar in a fresh tensor per call); then (F) the
+cross-entropy forward from the saved softmax (SoftmaxCrossEntropyFromProbs: label check,
+gathered log-probabilities, small-probability rows as a select over all rows instead of an
+index list, weights, reduction: all in scratch buffers, the loss alone left), the attention
+kernels' dead-row mask check (scratch buffers), Cast (a dtype-changing cast writes its
+buffer with ``out.copy_(x)``) and ReduceMeanGrad (the count in a 0-d scratch tensor, the
+broadcast quotient written into its buffer), and the channels-last copies of a
+convolution's input image (device/layout.py: into a buffer each reading step keeps).
 
 Allocations are counted as profiler events whose own memory (not their children's) is
 positive: one per aten op making a new tensor.
@@ -45,7 +46,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 import poptorch_lite as poptorch
-from popart_backend.device import arena
+from popart_backend.device import arena, layout
 from popart_backend.transforms.fuse_grad_cross_entropy import FuseCrossEntropyGrad
 from tests.device.test_arena_models import labelled_kernels  # noqa: F401
 from tests.tiny_transformers import BATCH, SEQ, TinyBert, TinyGpt2
@@ -196,50 +197,40 @@ def steady_allocations(name: str, train: bool) -> Counter:
 
 # Per step, by op: the allocations left (see the module doc for each reason).
 _ANCHOR = "anchor handed to the host"
-# The input image converted to channels-last by the convolution's step, and again by its
-# weight gradient's (device/layout.py converts per reading step).
-_IMAGE_TWICE = "the input image converted to channels-last, twice"
 _NO_OUT = "torch kernel without an out= path"
-_SCALAR = "Python scalar wrapped in a 0-d tensor by torch"
-_PENDING = "temporaries not yet in scratch buffers"
 
-# (count per step, reason) by op label ('-': outside any op kernel).
-_CE = {"SoftmaxCrossEntropyFromProbs": (12, _PENDING)}  # label check, log P, weights, mean
+# (count per step, reason) by op label ('-': outside any op kernel; ':scratch' its scratch
+# kernel).
+_CE = {"SoftmaxCrossEntropyFromProbs:scratch": (1, _ANCHOR)}  # the loss
 _HEAD = {"Gemm": (1, _ANCHOR)}  # the logits (training: the loss is the other anchor)
 _LN = {"LayerNormalization": (9, _NO_OUT),  # 3 per LayerNorm: output, mean, rstd
        "LayerNormalizationGrad": (12, _NO_OUT)}  # 3 per LayerNorm grad, + its resize_
-_ATTENTION = {"Attention": (6, _NO_OUT),  # sdpa outputs + the dead-row mask check (3)
-              "AttentionGrad": (8, _NO_OUT)}  # sdpa backward + the dead-row mask check (3)
-_BERT_MASK = {"Cast": (1, _PENDING)}  # int64 mask -> float: dtype-changing, no arena buffer
-# The pooling's gradient: dy / count (a wrapped Python scalar) and its broadcast result.
-_POOL_GRAD = {"ReduceMeanGrad": (2, _SCALAR)}
+# The dead-row mask check runs in scratch buffers: the sdpa kernels' own outputs are left.
+_ATTENTION = {"Attention:scratch": (3, _NO_OUT),  # sdpa's results and its own temporaries
+              "AttentionGrad:scratch": (5, _NO_OUT)}  # dQ, dK, dV and sdpa's temporaries
 
 EXPECTED: dict[tuple[str, str], dict[str, tuple[int, str]]] = {
     ("mlp", "train"): {**_HEAD, **_CE},
     ("mlp", "infer"): {**_HEAD},
-    ("cnn", "train"): {"-": (2, _IMAGE_TWICE),
-                       "Conv": (2, _NO_OUT), "ConvGrad": (7, _NO_OUT),
+    ("cnn", "train"): {"Conv": (2, _NO_OUT), "ConvGrad": (7, _NO_OUT),
                        "BatchNormalizationTraining": (16, _NO_OUT),
                        "BatchNormalizationGrad": (10, _NO_OUT),
-                       **_POOL_GRAD, **_HEAD, **_CE},
-    ("cnn", "infer"): {"-": (1, "the input image in channels-last, " + _NO_OUT),
-                       "Conv": (2, _NO_OUT), **_HEAD},
-    ("resnet", "train"): {"-": (2, _IMAGE_TWICE),
-                          "Conv": (6, _NO_OUT), "ConvGrad": (22, _NO_OUT),
+                       **_HEAD, **_CE},
+    ("cnn", "infer"): {"Conv": (2, _NO_OUT), **_HEAD},
+    ("resnet", "train"): {"Conv": (6, _NO_OUT), "ConvGrad": (22, _NO_OUT),
                           "BatchNormalizationTraining": (48, _NO_OUT),
                           "BatchNormalizationGrad": (30, _NO_OUT),
-                          **_POOL_GRAD, **_HEAD, **_CE},
-    ("resnet", "infer"): {"-": (1, "the input image in channels-last, " + _NO_OUT),
-                          "Conv": (6, _NO_OUT), **_HEAD},
-    ("bert", "train"): {**_LN, **_ATTENTION, **_BERT_MASK, **_HEAD, **_CE},
+                          **_HEAD, **_CE},
+    ("resnet", "infer"): {"Conv": (6, _NO_OUT), **_HEAD},
+    ("bert", "train"): {**_LN, **_ATTENTION, **_HEAD, **_CE},
     ("bert", "infer"): {"LayerNormalization": _LN["LayerNormalization"],
-                        "Attention": _ATTENTION["Attention"], **_BERT_MASK, **_HEAD},
+                        "Attention:scratch": _ATTENTION["Attention:scratch"], **_HEAD},
     ("gpt2", "train"): {**_LN, **_ATTENTION,
-                        # + the small-probability branch's index list (nonzero)
-                        "SoftmaxCrossEntropyFromProbs": (13, _PENDING),
+                        **_CE,
                         "LinearBias": (1, _ANCHOR)},  # the tied LM head's logits
     ("gpt2", "infer"): {"LayerNormalization": _LN["LayerNormalization"],
-                        "Attention": _ATTENTION["Attention"], "MatMul": (1, _ANCHOR)},
+                        "Attention:scratch": _ATTENTION["Attention:scratch"],
+                        "MatMul": (1, _ANCHOR)},
 }
 
 
@@ -333,3 +324,117 @@ def test_cross_entropy_forward_log_probabilities_live_in_scratch():
     x, labels = on[3]
     torch.testing.assert_close(on[0][0], _Classifier("mean", 3)(x, labels)[1].detach(),
                                rtol=1e-6, atol=1e-6)
+
+
+# --- the ops whose temporaries moved to the arena (F): bit-identical with it off -------------
+
+
+def _train_steps(name: str, use_arena: bool, steps: int = 2):
+    previous, arena.enabled = arena.enabled, use_arena
+    try:
+        wrapper = _wrapper(name, True)
+        outputs = [tuple(t.clone() for t in wrapper(*_args(name, True))) for _ in range(steps)]
+        scratch = _scratch_steps(wrapper)
+        buffers = {s[5].op_type for s in wrapper._active.session._device.plan.steps
+                   if getattr(s[0], "__name__", "") == "kernel_into"}
+        state = {k: v.clone() for k, v in wrapper.state_dict().items()}
+        wrapper.destroy()
+    finally:
+        arena.enabled = previous
+    return outputs, state, scratch, buffers
+
+
+@pytest.mark.parametrize("name, scratch, into", [
+    ("cnn", {"ReduceMeanGrad", "SoftmaxCrossEntropyFromProbs"}, {"ReduceMeanGrad"}),
+    ("bert", {"Attention", "AttentionGrad", "SoftmaxCrossEntropyFromProbs"}, {"Cast"})])
+def test_moved_temporaries_give_bit_identical_training(name, scratch, into):
+    """F: the cross-entropy forward from the softmax, the attention dead-row check and
+    ReduceMeanGrad run with scratch buffers, Cast and ReduceMeanGrad write into arena
+    buffers: the outputs and trained weights equal, bit for bit, those without the arena."""
+    on, off = _train_steps(name, True), _train_steps(name, False)
+    assert scratch <= on[2] and not off[2]
+    assert into <= on[3] | on[2] and not off[3]
+    for a, b in zip(on[0], off[0]):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    for k in on[1]:
+        assert torch.equal(on[1][k], off[1][k]), k
+
+
+class _Confident(nn.Module):
+    """Logits scaled up so some labels' softmax probabilities underflow below float32's
+    smallest normal number (the loss's small-probability rows)."""
+
+    def __init__(self, reduction: str, ignore: int):
+        super().__init__()
+        self.inner = _Classifier(reduction, ignore)
+
+    def forward(self, x, labels):
+        logits = self.inner.net(x) * 400.0
+        loss = F.cross_entropy(logits, labels, reduction=self.inner.reduction,
+                               ignore_index=self.inner.ignore)
+        return logits, (loss.sum() if self.inner.reduction == "none" else loss)
+
+
+@pytest.mark.parametrize("reduction, ignore", [("mean", 3), ("sum", -100), ("none", 3)])
+def test_cross_entropy_from_probs_small_rows_with_scratch(reduction, ignore):
+    """The small-probability rows of SoftmaxCrossEntropyFromProbs (log P from the scores),
+    selected over all rows in scratch buffers: the losses equal those without the arena bit
+    for bit, and torch's cross-entropy of the same logits."""
+    x, labels = _classifier_batch()
+    labels[1] = ignore if ignore >= 0 else labels[1]
+    results = []
+    for use_arena in (True, False):
+        previous, arena.enabled = arena.enabled, use_arena
+        try:
+            model = _Confident(reduction, ignore)
+            opts = poptorch.Options().showCompilationProgressBar(False)
+            wrapper = poptorch.trainingModel(model, opts,
+                                             torch.optim.SGD(model.parameters(), lr=1e-6))
+            logits, loss = (t.clone() for t in wrapper(x, labels))
+            scratch = _scratch_steps(wrapper)
+            wrapper.destroy()
+        finally:
+            arena.enabled = previous
+        results.append((logits, loss, scratch))
+    (logits, loss, scratch), off = results
+    assert "SoftmaxCrossEntropyFromProbs" in scratch and not off[2]
+    probs = torch.softmax(logits, 1).gather(1, labels.clamp(min=0).unsqueeze(1))
+    assert (probs < torch.finfo(torch.float32).tiny).any()  # the branch runs
+    assert torch.equal(loss, off[1])
+    want = F.cross_entropy(logits, labels, reduction=reduction, ignore_index=ignore).sum()
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-4)
+
+
+def test_image_channels_last_copies_reuse_their_buffers(monkeypatch):
+    """F: the convolution steps copy the image channels-last into a buffer each keeps (one per
+    step, rewritten every call, never read stale): with a new image every step, the losses
+    and weights equal, bit for bit, those of fresh channels-last copies, and the steady steps
+    make none."""
+    g = torch.Generator().manual_seed(11)
+    images = [torch.randn(4, 3, 8, 8, generator=g) for _ in range(3)]
+    classes = torch.randint(0, 10, (4,), generator=g)
+    written = []
+
+    def run():
+        wrapper = _wrapper("cnn", True)
+        losses = [wrapper(image, classes)[1].clone() for image in images]
+        state = {k: v.clone() for k, v in wrapper.state_dict().items()}
+        wrapper.destroy()
+        return losses, state
+
+    reused = layout._CopyBuffers.channels_last
+
+    def recording(self, position, x):
+        result = reused(self, position, x)
+        written.append(result.data_ptr())
+        return result
+
+    monkeypatch.setattr(layout._CopyBuffers, "channels_last", recording)
+    on = run()
+    assert len(written) == 2 * len(images) and len(set(written)) == 2  # conv and its grad
+    monkeypatch.setattr(layout._CopyBuffers, "channels_last",
+                        lambda self, position, x: x.contiguous(memory_format=torch.channels_last))
+    off = run()
+    assert all(torch.equal(a, b) for a, b in zip(on[0], off[0]))
+    for k in on[1]:
+        assert torch.equal(on[1][k], off[1][k]), k
