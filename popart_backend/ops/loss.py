@@ -24,6 +24,12 @@ from .registry import AI_GRAPHCORE, register_op
 
 _POPART_REDUCTION = {0: "sum", 1: "mean", 2: "none"}
 
+# The ignore index handed to torch's kernels when a loss has none: no label can equal it
+# (labels reach the device as 32-bit integers; wider values are refused at the stream), so
+# every label counts and an out-of-range one is refused, where torch's default -100 would
+# silently drop labels of -100.
+NO_IGNORE = -(2**31) - 1
+
 
 class GraphcoreLoss(Op):
     """Base of the ai.graphcore losses: shared reduction handling."""
@@ -167,7 +173,7 @@ class Nll(GraphcoreLoss):
     def kernel(self, probs, label):
         logp = probs if self.attrs.inputIsLogProbability else torch.log(probs)
         classes = logp.shape[-1]
-        ignore = self.attrs.ignoreIndex if self.attrs.ignoreIndex is not None else -100
+        ignore = self.attrs.ignoreIndex if self.attrs.ignoreIndex is not None else NO_IGNORE
         loss = F.nll_loss(
             logp.reshape(-1, classes), label.reshape(-1).long(), ignore_index=ignore,
             reduction=self.reduction(),
@@ -245,7 +251,7 @@ class OnnxLossBase(Op):
         return TensorInfo(scores.dtype, loss_shape)
 
     def nll(self, logp, labels, weights):
-        ignore = self.attrs.ignore_index if self.attrs.ignore_index is not None else -100
+        ignore = self.attrs.ignore_index if self.attrs.ignore_index is not None else NO_IGNORE
         return F.nll_loss(
             logp, labels.long(), weight=weights, ignore_index=ignore, reduction=self.attrs.reduction
         )
@@ -363,7 +369,7 @@ class SoftmaxCrossEntropyLoss(OnnxLossBase):
     def kernel_scratch(self, out, logp, total, scores, labels, weights=None):
         torch._log_softmax(scores, 1, False, out=logp)
         # nll_loss's own kernel (F.nll_loss calls it for [N, C]) with its outputs given.
-        ignore = self.attrs.ignore_index if self.attrs.ignore_index is not None else -100
+        ignore = self.attrs.ignore_index if self.attrs.ignore_index is not None else NO_IGNORE
         reduction = ("none", "mean", "sum").index(self.attrs.reduction)
         loss = torch.empty(labels.shape if reduction == 0 else (), dtype=scores.dtype)
         torch.ops.aten.nll_loss_forward.output(logp, labels.long(), weights, reduction, ignore,
@@ -455,7 +461,7 @@ class SoftmaxCrossEntropyFromProbs(_FromProbs):
 
     def kernel(self, probs, scores, labels, weights=None):
         labels = labels.long()
-        ignore = self.attrs.ignore_index if self.attrs.ignore_index is not None else -100
+        ignore = self.attrs.ignore_index if self.attrs.ignore_index is not None else NO_IGNORE
         keep = labels != ignore
         safe = torch.where(keep, labels, 0)
         self._check_labels(labels, keep, *torch.aminmax(safe), probs.shape[1])
@@ -510,7 +516,7 @@ class SoftmaxCrossEntropyFromProbs(_FromProbs):
                        lse, picked, probs, scores, labels, weights=None):
         """``kernel`` with every temporary in its scratch buffer: the same arithmetic, and
         the small-probability rows replaced by a select over all rows (no index list)."""
-        ignore = self.attrs.ignore_index if self.attrs.ignore_index is not None else -100
+        ignore = self.attrs.ignore_index if self.attrs.ignore_index is not None else NO_IGNORE
         torch.ne(labels, ignore, out=keep)
         safe.copy_(keep).mul_(labels)  # ignored labels -> 0
         torch.aminmax(safe, out=(low, high))

@@ -157,6 +157,21 @@ def test_out_of_range_label_is_refused_with_the_label():
         _run(scores, labels, None, {"reduction": "mean"}, fuse=True)
 
 
+@pytest.mark.parametrize("fuse", [True, False])
+def test_label_minus_100_without_ignore_index_is_refused(fuse):
+    """The loss has no ignore_index, so every label must be a class: -100 (torch's default
+    ignore index) is refused, not dropped."""
+    scores, labels, _ = _data()
+    labels[2] = -100
+    with pytest.raises(Exception, match="-100"):
+        _run(scores, labels, None, {"reduction": "mean"}, fuse=fuse)
+    # With ignore_index=-100 the row is dropped, as torch does.
+    loss, *_ = _run(scores, labels, None, {"reduction": "mean", "ignore_index": -100}, fuse=fuse)
+    keep = labels != -100
+    want = F.cross_entropy(torch.from_numpy(scores[keep]), torch.from_numpy(labels[keep]))
+    np.testing.assert_allclose(loss, want.numpy(), rtol=1e-6)
+
+
 def test_an_ignored_row_with_non_finite_scores_adds_nothing_to_the_loss():
     scores, labels, _ = _data(ignore=5)
     scores[1] = np.nan  # label 5 there: ignored, as torch's nll_loss skips it
