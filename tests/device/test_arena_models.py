@@ -49,14 +49,14 @@ def labelled_kernels(monkeypatch):
                 monkeypatch.setattr(cls, name, _labelled(cls.__dict__[name], label))
 
 
-def _allocations(prof) -> list[tuple[str, str, int]]:
-    """(op, aten op, bytes) of every CPU allocation: memory events with no allocating child,
-    attributed to the innermost enclosing op label ('-' outside any op)."""
-    allocating = [e for e in prof.events() if e.cpu_memory_usage > 0]
-    parents = {id(e.cpu_parent) for e in allocating if e.cpu_parent is not None}
+def allocating_ops(prof) -> list[tuple[str, str, int]]:
+    """(op label, aten op, bytes) of every profiler event that allocated CPU memory itself
+    (its own memory, not its children's, is positive: an aten op whose result is a new
+    tensor, even when a child allocates too), attributed to the innermost op label ('-'
+    outside any op)."""
     found = []
-    for e in allocating:
-        if id(e) in parents:
+    for e in prof.events():
+        if e.self_cpu_memory_usage <= 0:
             continue
         owner, parent = "-", e
         while parent is not None:
@@ -64,7 +64,7 @@ def _allocations(prof) -> list[tuple[str, str, int]]:
                 owner = parent.name[3:]
                 break
             parent = parent.cpu_parent
-        found.append((owner, e.name, e.cpu_memory_usage))
+        found.append((owner, e.name, e.self_cpu_memory_usage))
     return found
 
 
@@ -121,7 +121,7 @@ def _steady_allocations(model, batch, steps=3):
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         for _ in range(steps):
             wrapper(*batch)
-    return wrapper, _allocations(prof)
+    return wrapper, allocating_ops(prof)
 
 
 LOGITS = BATCH * SEQ * V * 4

@@ -48,7 +48,7 @@ from torch.profiler import ProfilerActivity, profile
 import poptorch_lite as poptorch
 from popart_backend.device import arena, layout
 from popart_backend.transforms.fuse_grad_cross_entropy import FuseCrossEntropyGrad
-from tests.device.test_arena_models import labelled_kernels  # noqa: F401
+from tests.device.test_arena_models import allocating_ops, labelled_kernels  # noqa: F401
 from tests.tiny_transformers import BATCH, SEQ, TinyBert, TinyGpt2
 
 V = 64
@@ -162,25 +162,6 @@ def _wrapper(name: str, train: bool):
 def _args(name: str, train: bool) -> tuple:
     args = _inputs()[name]
     return args if train or name in ("bert", "gpt2") else args[:1]
-
-
-def allocating_ops(prof) -> list[tuple[str, str, int]]:
-    """(op label, aten op, bytes) of every profiler event that allocated CPU memory itself
-    (its own memory, not its children's, is positive: an aten op whose result is a new
-    tensor, even when a child allocates too), attributed to the innermost op label ('-'
-    outside any op)."""
-    found = []
-    for e in prof.events():
-        if e.self_cpu_memory_usage <= 0:
-            continue
-        owner, parent = "-", e
-        while parent is not None:
-            if parent.name.startswith("op:"):
-                owner = parent.name[3:]
-                break
-            parent = parent.cpu_parent
-        found.append((owner, e.name, e.self_cpu_memory_usage))
-    return found
 
 
 def steady_allocations(name: str, train: bool) -> Counter:
