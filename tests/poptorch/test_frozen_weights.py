@@ -60,13 +60,18 @@ def _train(model, make_optimizer, batches=BATCHES):
     optimizer = make_optimizer(model.parameters())
     wrapper = poptorch.trainingModel(model, poptorch.Options(), optimizer)
     for x, y in batches:
-        out, _ = wrapper(x, y)
-        ref_optimizer.zero_grad()
-        ref_out, ref_loss = reference(x, y)
-        ref_loss.backward()
-        ref_optimizer.step()
-        assert_allclose(actual=out, expected=ref_out, rtol=1e-4, atol=1e-5)
+        _step_both(wrapper, reference, ref_optimizer, x, y)
     return wrapper, optimizer, reference, ref_optimizer
+
+
+def _step_both(wrapper, reference, ref_optimizer, x, y):
+    """One device step and the same eager step; their outputs agree."""
+    out, _ = wrapper(x, y)
+    ref_optimizer.zero_grad()
+    ref_out, ref_loss = reference(x, y)
+    ref_loss.backward()
+    ref_optimizer.step()
+    assert_allclose(actual=out, expected=ref_out, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("make_optimizer", [
@@ -145,13 +150,7 @@ def test_frozen_weights_are_written_from_the_host():
             m.fc1.weight.mul_(-0.5)
             m.scale.add_(1.0)
     wrapper.copyWeightsToDevice()
-    x, y = BATCHES[1]
-    out, _ = wrapper(x, y)
-    ref_optimizer.zero_grad()
-    ref_out, ref_loss = reference(x, y)
-    ref_loss.backward()
-    ref_optimizer.step()
-    assert_allclose(actual=out, expected=ref_out, rtol=1e-4, atol=1e-5)
+    _step_both(wrapper, reference, ref_optimizer, *BATCHES[1])
     assert_state_equal(model, reference)
     wrapper.destroy()
 
